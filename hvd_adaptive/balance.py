@@ -1,0 +1,102 @@
+"""Batch-size, learning-rate and merge-weight policies of adaptive SGD: pure functions.
+
+No MPI and no TensorFlow here, so every rule is unit-tested on hand-checked cases. Terms
+(see docs/algorithms.md): n ranks, b_i the batch size of rank i, p_i the share of a merge
+window's batches that rank i processed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def batch_shares(batches: np.ndarray) -> np.ndarray:
+    """p_i = batches of rank i / all batches in the window (equal shares if none)."""
+    b = np.asarray(batches, dtype=np.float64)
+    total = b.sum()
+    return b / total if total > 0 else np.full(len(b), 1.0 / len(b))
+
+
+def additive_batch_sizes(b: np.ndarray, p: np.ndarray, step: int, b_min: int, b_max: int) -> np.ndarray:
+    """The papers' rule: a rank below its fair share 1/n shrinks its batch by `step`, above grows.
+
+    A rank that processed fewer batches than average is slow; a smaller batch lets it make
+    as many updates as the others. Results stay within [b_min, b_max].
+    """
+    b = np.asarray(b, dtype=np.int64).copy()
+    fair = 1.0 / len(b)
+    tol = 1e-9
+    b[(p < fair - tol) & (b > b_min)] -= step
+    b[(p > fair + tol) & (b < b_max)] += step
+    return np.clip(b, b_min, b_max)
+
+
+def proportional_batch_sizes(b: np.ndarray, p: np.ndarray, b_min: int, b_max: int,
+                             smoothing: float = 0.5, multiple: int = 1) -> np.ndarray:
+    """b_i <- clip(b_i * n * p_i), blended with the old size by `smoothing` (0 = jump at once).
+
+    With equal update counts as the goal, a rank's batch should scale with its speed; n * p_i
+    is its update count relative to the average. `multiple` rounds to hardware-friendly sizes.
+    """
+    b = np.asarray(b, dtype=np.float64)
+    target = b * len(b) * np.asarray(p, dtype=np.float64)
+    new = smoothing * b + (1.0 - smoothing) * target
+    new = np.round(new / multiple) * multiple
+    return np.clip(new, b_min, b_max).astype(np.int64)
+
+
+def adaptive_lr(lr0: float, b: int, b_max: int, epoch: float, warmup_epochs: float, decay: float) -> float:
+    """lr_i = lr0 * b_i / b_max / (1 + decay * (epoch - warmup)) after warm-up."""
+    return lr0 * b / b_max / (1.0 + decay * max(epoch - warmup_epochs, 0.0))
+
+
+def warmup_lr(lr0: float, b_warm: int, b_max: int, epoch: float, warmup_epochs: float) -> float:
+    """Linear ramp from lr_w/100 to lr_w during warm-up, lr_w = lr0 * b_warm / b_max."""
+    lr_w = lr0 * b_warm / b_max
+    frac = min(max(epoch / warmup_epochs, 0.0), 1.0) if warmup_epochs > 0 else 1.0
+    return lr_w * (0.01 + 0.99 * frac)
+
+
+def merge_weights(p: np.ndarray, boost: bool = False, factor: float = 0.1) -> np.ndarray:
+    """Normalized merging weights w_i = p_i, optionally with adaptive normalization.
+
+    When `boost` is set (the L2-norm trend asked for it), the rank with the largest share gets
+    weight x (1 + factor) and the one with the smallest x (1 - factor), as in the prototype.
+    Weights are renormalized to sum to 1.
+    """
+    w = np.asarray(p, dtype=np.float64).copy()
+    if boost and len(w) > 1:
+        hi, lo = int(np.argmax(w)), int(np.argmin(w))
+        if hi != lo:
+            w[hi] *= 1.0 + factor
+            w[lo] *= 1.0 - factor
+    s = w.sum()
+    return w / s if s > 0 else np.full(len(w), 1.0 / len(w))
+
+
+def norm_trend_flag(mode: str, prev_norm: float | None, norm: float) -> bool:
+    """Whether adaptive normalization boosts the next merges.
+
+    mode "grow": boost while the model's L2 norm grows between evaluations; "shrink": while it
+    shrinks; "off": never. The sources do not publish the direction, so both are options.
+    """
+    if mode == "off" or prev_norm is None:
+        return False
+    return norm > prev_norm if mode == "grow" else norm < prev_norm
+
+
+def proportional_partition(total: int, speeds: np.ndarray, minimum: int = 1) -> np.ndarray:
+    """Splits a global batch of `total` rows in proportion to speeds; integers summing to total."""
+    s = np.maximum(np.asarray(speeds, dtype=np.float64), 1e-12)
+    n = len(s)
+    if total < minimum * n:
+        raise ValueError(f"global batch {total} too small for {n} ranks with at least {minimum} rows each")
+    raw = minimum + (total - minimum * n) * s / s.sum()
+    out = np.floor(raw).astype(np.int64)
+    rest = total - out.sum()
+    out[np.argsort(-(raw - out))[:rest]] += 1  # largest remainders get the leftover rows
+    return out
+
+
+def split_evenly(total: int, n: int) -> np.ndarray:
+    """Offsets [n+1] splitting `total` rows into n contiguous nearly equal parts."""
+    return (np.arange(n + 1, dtype=np.int64) * total) // n

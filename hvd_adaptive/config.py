@@ -1,0 +1,367 @@
+"""Run configuration: YAML -> frozen dataclasses, validated in one place.
+
+Precedence: `--set section.key=value` overrides win over the YAML file, which wins over the
+defaults below. Unknown keys and bad values raise ConfigError naming the key's full path.
+The resolved config is written to the run folder as `config.json`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+ALGORITHMS = ("sync", "local", "sma", "adaptive", "hogbatch", "adaptive_hogbatch")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the key's path."""
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """Synthetic data, used when data.train is "synthetic"."""
+
+    preset: str = "amazon670k"
+    """Shape to imitate: amazon670k, delicious200k or eurlex4k."""
+    scale: float = 0.01
+    """Multiplies the preset's rows and labels (features are kept)."""
+    n_train: Optional[int] = None
+    """Overrides the preset's training rows after scaling."""
+    n_test: Optional[int] = None
+    """Overrides the preset's test rows after scaling."""
+    n_features: Optional[int] = None
+    """Overrides the preset's feature count."""
+    n_labels: Optional[int] = None
+    """Overrides the preset's label count after scaling."""
+    nnz_mean: Optional[float] = None
+    """Overrides the mean non-zeros per row."""
+    labels_mean: Optional[float] = None
+    """Overrides the mean labels per row."""
+    seed: int = 0
+    """Generator seed (every rank generates the same data from it)."""
+
+    def validate(self, path: str) -> None:
+        from hvd_adaptive.data import PRESETS
+
+        if self.preset not in PRESETS:
+            raise ConfigError(f"{path}.preset: unknown preset {self.preset!r}; known: {sorted(PRESETS)}")
+        _positive(self, path, "scale", "n_train", "n_test", "n_features", "n_labels", "nnz_mean",
+                  "labels_mean")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = "synthetic"
+    """Training file (Extreme Classification Repository or LIBSVM multi-label), or "synthetic"."""
+    test: str = "synthetic"
+    """Test file, or "synthetic" (must match train)."""
+    format: Literal["auto", "xc", "libsvm"] = "auto"
+    """File format; auto detects the XC header line."""
+    cache_dir: Optional[str] = None
+    """Where parsed binary caches go; default: beside each source file."""
+    synth: SynthConfig = field(default_factory=SynthConfig)
+
+    def validate(self, path: str) -> None:
+        if (self.train == "synthetic") != (self.test == "synthetic"):
+            raise ConfigError(f"{path}: train and test must both be files or both be 'synthetic'")
+        self.synth.validate(path + ".synth")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hidden: list[int] = field(default_factory=lambda: [128])
+    """Hidden layer widths (ReLU); the papers use one layer of 128."""
+    dropout: float = 0.0
+    """Dropout rate on hidden activations during training."""
+    init_seed: int = 1
+    """Seed of the initial weights (identical on every rank)."""
+
+    def validate(self, path: str) -> None:
+        if not self.hidden or any(h <= 0 for h in self.hidden):
+            raise ConfigError(f"{path}.hidden: needs at least one positive width, got {self.hidden}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    name: Literal["sgd", "momentum", "adam", "adagrad"] = "sgd"
+    """Per-rank optimizer; input-layer updates are row-sparse (lazy) for all of them."""
+    lr: float = 0.5
+    """Base learning rate (lr0 of the papers: the rate at the largest batch)."""
+    momentum: float = 0.9
+    """Momentum coefficient (name: momentum)."""
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    """L2 decay added to the gradient of the rows/parameters an update touches."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "lr", "eps")
+        if self.weight_decay < 0:
+            raise ConfigError(f"{path}.weight_decay: must be >= 0, got {self.weight_decay}")
+        for k in ("momentum", "beta1", "beta2"):
+            if not 0.0 <= getattr(self, k) < 1.0:
+                raise ConfigError(f"{path}.{k}: must be in [0, 1), got {getattr(self, k)}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    algorithm: Literal["sync", "local", "sma", "adaptive", "hogbatch", "adaptive_hogbatch"] = "sync"
+    """Training algorithm; see docs/algorithms.md."""
+    epochs: float = 3.0
+    """Passes over the training set (fractions allowed)."""
+    batch_size: int = 256
+    """Per-rank batch for sync/local/sma; the largest batch (b_max) for adaptive."""
+    seed: int = 0
+    """Seed of the epoch permutations."""
+    eval_every: float = 0.5
+    """Evaluate on the test set every this many epochs (and at the end)."""
+    eval_rows: Optional[int] = None
+    """Evaluate on the first N test rows only (None: all)."""
+    time_budget_s: Optional[float] = None
+    """Stop after this much training time (evaluation excluded)."""
+    threads: Optional[int] = None
+    """TensorFlow threads per rank; default: the node's cores divided by the ranks on it."""
+    log_every_s: float = 10.0
+    """Seconds between progress lines on rank 0."""
+    window_samples: int = 8192
+    """Rows per round for all ranks together: the merge window S of adaptive, the averaging
+    period of local and sma, the accounting round of sync. Rounds never cross an epoch."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
+                  "threads", "log_every_s", "window_samples")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    partition: Literal["equal", "proportional"] = "equal"
+    """equal: every rank takes train.batch_size rows a step (Horovod's usual data parallelism).
+    proportional: the global batch (ranks x batch_size) is split by speed measured each epoch,
+    gradients weighted by batch share (LB-BSP)."""
+    min_batch: int = 8
+    """Smallest per-rank share of the global batch under proportional partition."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "min_batch")
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    warmup_epochs: float = 0.25
+    """Epochs of warm-up with batch b_warm on every rank (the prototype used 10 of many more;
+    our runs are short, see docs/algorithms.md)."""
+    b_warm: int = 32
+    """Warm-up batch size."""
+    b_min: int = 32
+    """Smallest batch after warm-up."""
+    b_max: Optional[int] = None
+    """Largest batch; every rank starts here after warm-up. None: train.batch_size."""
+    step: int = 32
+    """Additive policy: batch size change per window."""
+    policy: Literal["additive", "proportional"] = "additive"
+    """Batch-size scaling rule: the papers' additive steps, or b_i <- b_i * n * p_i (smoothed)."""
+    smoothing: float = 0.5
+    """Proportional policy: weight of the old batch size in the blend."""
+    lr_decay: float = 0.0
+    """d in lr_i = lr0 * b_i / b_max / (1 + d * (epoch - warmup))."""
+    norm_mode: Literal["off", "grow", "shrink"] = "off"
+    """Adaptive normalization: boost the fastest rank's merge weight while the model's L2 norm
+    grows (grow) or shrinks (shrink) between evaluations."""
+    norm_factor: float = 0.1
+    """Adaptive normalization: weights x (1 +/- factor) for the largest/smallest share."""
+    merge_momentum: float = 0.0
+    """Block momentum mu at the merge: v <- mu v + (merged - prev); 0 turns it off."""
+    scheduler: Literal["rma", "static"] = "rma"
+    """rma: dynamic scheduling through an MPI one-sided shared counter on rank 0.
+    static: fallback without one-sided MPI; each window is split by current batch sizes."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "b_warm", "b_min", "b_max", "step")
+        if self.b_max is not None and self.b_min > self.b_max:
+            raise ConfigError(f"{path}.b_min: {self.b_min} is larger than b_max {self.b_max}")
+        if not 0.0 <= self.smoothing < 1.0:
+            raise ConfigError(f"{path}.smoothing: must be in [0, 1), got {self.smoothing}")
+        if not 0.0 <= self.merge_momentum < 1.0:
+            raise ConfigError(f"{path}.merge_momentum: must be in [0, 1), got {self.merge_momentum}")
+        if self.warmup_epochs < 0 or self.lr_decay < 0 or not 0 <= self.norm_factor < 1:
+            raise ConfigError(f"{path}: warmup_epochs and lr_decay must be >= 0, norm_factor in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SmaConfig:
+    alpha: float = 0.1
+    """CROSSBOW: each replica moves alpha x (replica - central) toward the central model."""
+    momentum: float = 0.9
+    """CROSSBOW: momentum of the central model's correction."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "alpha")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"{path}.momentum: must be in [0, 1), got {self.momentum}")
+
+
+@dataclass(frozen=True)
+class HeteroConfig:
+    """Simulated heterogeneity: slowed ranks wait (factor - 1) x their own compute time per step."""
+
+    slowdown: dict[int, float] = field(default_factory=dict)
+    """Rank -> slowdown factor (>= 1), e.g. {1: 2.0} makes rank 1 two times slower."""
+    jitter: float = 0.0
+    """Random extra wait, uniform in [0, jitter] x compute time, on every rank."""
+
+    def validate(self, path: str) -> None:
+        for r, f in self.slowdown.items():
+            if r < 0 or f < 1.0:
+                raise ConfigError(f"{path}.slowdown: needs rank >= 0 and factor >= 1, got {r}: {f}")
+        if self.jitter < 0:
+            raise ConfigError(f"{path}.jitter: must be >= 0, got {self.jitter}")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    hetero: HeteroConfig = field(default_factory=HeteroConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    sma: SmaConfig = field(default_factory=SmaConfig)
+
+    def validate(self, path: str = "") -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(f.name)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _positive(obj: Any, path: str, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if v is not None and v <= 0:
+            raise ConfigError(f"{path}.{n}: must be > 0, got {v}")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    """Checks/converts one YAML value against a type hint; raises ConfigError with the path."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
+        return _build(tp, value, path)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        kt, vt = typing.get_args(tp)
+        # JSON turns integer keys into strings; accept them back.
+        fix = (lambda k: int(k) if kt is int and isinstance(k, str) and k.lstrip("-").isdigit() else k)
+        return {_convert(kt, fix(k), f"{path}.{k}"): _convert(vt, v, f"{path}.{k}")
+                for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp} at {path}")
+
+
+def _build(cls: type, data: dict, path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in names:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"{where}: unknown key (known: {sorted(names)})")
+    kwargs = {k: _convert(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _apply_override(raw: dict, item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    node = raw
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: {p} is not a section")
+    node[parts[-1]] = yaml.safe_load(text) if text.strip() else None
+
+
+def load_config(path: Optional[str | Path] = None, overrides: tuple[str, ...] | list[str] = (),
+                extra_sections: tuple[str, ...] = ()) -> tuple[Config, dict]:
+    """Reads a YAML config, applies `--set` overrides and validates.
+
+    Args:
+        path: YAML file, or None for the built-in defaults.
+        overrides: "section.key=value" strings; values are parsed as YAML.
+        extra_sections: top-level keys that other components consume (e.g. "sweep"); they are
+            returned untouched in the second element instead of being rejected.
+
+    Returns:
+        (config, extras) where extras maps each present extra section to its raw value.
+    """
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: top level must be a mapping")
+    for item in overrides:
+        _apply_override(raw, item)
+    extras = {k: raw.pop(k) for k in extra_sections if k in raw}
+    try:
+        cfg = _build(Config, raw, "")
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}" if path else str(e)) from None
+    return cfg, extras
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Builds and validates a Config from a plain dict (e.g. a saved config.json)."""
+    cfg = _build(Config, json.loads(json.dumps(raw)), "")
+    cfg.validate()
+    return cfg

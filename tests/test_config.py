@@ -1,0 +1,82 @@
+"""Config: YAML -> dataclasses, overrides, and the errors that name the key."""
+import json
+
+import pytest
+
+from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_without_file():
+    cfg, extras = load_config(None)
+    assert cfg == Config()
+    assert extras == {}
+    assert cfg.train.algorithm == "sync" and cfg.model.hidden == [128]
+
+
+def test_file_then_overrides_win(tmp_path):
+    p = write(tmp_path, "train:\n  batch_size: 64\n  algorithm: local\nmodel:\n  hidden: [32, 16]\n")
+    cfg, _ = load_config(p, ["train.batch_size=128", "hetero.slowdown={1: 2.0}"])
+    assert cfg.train.batch_size == 128          # --set wins over the file
+    assert cfg.train.algorithm == "local"       # file wins over the default
+    assert cfg.model.hidden == [32, 16]
+    assert cfg.hetero.slowdown == {1: 2.0}
+    assert cfg.optim.lr == Config().optim.lr    # default kept
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("train:\n  batchsize: 3\n", "train.batchsize: unknown key"),
+    ("trian:\n  epochs: 3\n", "trian: unknown key"),
+    ("data:\n  synth:\n    scael: 2\n", "data.synth.scael: unknown key"),
+    ("train:\n  batch_size: many\n", "train.batch_size: expected an integer"),
+    ("train:\n  batch_size: -4\n", "train.batch_size: must be > 0"),
+    ("train:\n  algorithm: fastest\n", "train.algorithm: must be one of"),
+    ("optim:\n  lr: true\n", "optim.lr: expected a number"),
+    ("model:\n  hidden: []\n", "model.hidden"),
+    ("hetero:\n  slowdown: {1: 0.5}\n", "hetero.slowdown"),
+    ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
+    ("data:\n  train: a.txt\n", "data: train and test must both be"),
+    ("data:\n  synth:\n    preset: imagenet\n", "data.synth.preset: unknown preset"),
+    ("- 1\n- 2\n", "top level must be a mapping"),
+    ("train: [\n", "not valid YAML"),
+])
+def test_bad_values_name_the_key_and_file(tmp_path, text, needle):
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert needle in str(e.value)
+    assert str(p) in str(e.value)
+
+
+def test_bad_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(None, ["train.epochs"])
+    with pytest.raises(ConfigError, match="train.nope: unknown key"):
+        load_config(None, ["train.nope=1"])
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_extra_sections_pass_through(tmp_path):
+    p = write(tmp_path, "sweep:\n  grid: {optim.lr: [0.1, 0.2]}\n")
+    cfg, extras = load_config(p, extra_sections=("sweep",))
+    assert extras == {"sweep": {"grid": {"optim.lr": [0.1, 0.2]}}}
+    with pytest.raises(ConfigError, match="sweep: unknown key"):
+        load_config(p)
+
+
+def test_round_trip_through_json():
+    cfg, _ = load_config(None, ["hetero.slowdown={1: 3.0}", "train.epochs=2.5"])
+    back = config_from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+    for p in sorted(Path(__file__).parents[1].glob("configs/*.yaml")):
+        load_config(p, extra_sections=("sweep",))
