@@ -1,0 +1,135 @@
+"""Adaptive SGD for heterogeneous ranks (Ma, Rusu, Wu, Sim): the heart of hvd_adaptive.
+
+Per merge window of S rows (train.window_samples):
+1. Dynamic scheduling: ranks claim batches from the window's slice of the epoch's shuffled
+   stream through a shared counter (MPI one-sided Fetch_and_op on rank 0) until the budget is
+   spent; a faster rank comes back sooner and so takes more batches. Every row once per epoch.
+2. Timing exchange: an mpi4py allgather of batches, rows and seconds; p_i = batches of rank i
+   / all batches of the window.
+3. Normalized model merging: theta = sum_i w_i theta_i / sum_i w_i with w_i = p_i (adaptive
+   normalization may tilt them, see balance.merge_weights), by one fused Horovod allreduce.
+4. Optional block momentum on the merged model.
+5. After warm-up, batch sizes move toward equal update counts per window (additive or
+   proportional policy) and each rank's learning rate scales with its batch size.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_adaptive import balance
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
+from hvd_adaptive.distributed import SharedCounter, WeightedAllreduce, allgather, broadcast_variables
+
+
+class Adaptive(Algorithm):
+    name = "adaptive"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        a = self.cfg.adaptive
+        self.a = a
+        self.b_max = a.b_max or self.cfg.train.batch_size
+        self.b_min = min(a.b_min, self.b_max)
+        n = self.cluster.size
+        self.sizes = np.full(n, a.b_warm if a.warmup_epochs > 0 else self.b_max, np.int64)
+        self.warm = a.warmup_epochs > 0
+        self.p = np.full(n, 1.0 / n)
+        self.weights = np.full(n, 1.0 / n)
+        self.boost = False
+        self.prev_norm = None
+        self.merge = WeightedAllreduce(self.variables)
+        self.counter = SharedCounter(self.cluster.comm) if a.scheduler == "rma" else None
+        if a.merge_momentum > 0:
+            self.anchor = [tf.Variable(v, trainable=False) for v in self.variables]
+            self.velocity = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
+
+    def setup(self) -> None:
+        # Horovod: identical starting replicas; merges keep them identical afterwards.
+        broadcast_variables(self.variables)
+        if self.a.merge_momentum > 0:
+            for x, v in zip(self.anchor, self.variables):
+                x.assign(v)
+
+    # ---- one window ----------------------------------------------------------------------
+    def _claims(self, w: Window, b: int):
+        """Yields this rank's batches of the window (dynamic or static scheduling)."""
+        budget = w.end - w.start
+        if self.counter is not None:
+            while True:
+                off = self.counter.fetch_add(w.index, b)
+                if off >= budget:
+                    return
+                yield w.perm[w.start + off: w.start + min(off + b, budget)]
+        else:
+            # Fallback without one-sided MPI: split the window by current batch sizes, so a rank
+            # with a larger batch takes proportionally more rows.
+            off = np.concatenate([[0], np.cumsum(self.sizes)])
+            r = self.cluster.rank
+            lo, hi = (budget * off[r]) // off[-1], (budget * off[r + 1]) // off[-1]
+            for i in range(lo, hi, b):
+                yield w.perm[w.start + i: w.start + min(i + b, hi)]
+
+    def _lr(self, epoch: float, b: int) -> float:
+        cfg = self.cfg
+        if self.warm:
+            return balance.warmup_lr(cfg.optim.lr, self.a.b_warm, self.b_max, epoch, self.a.warmup_epochs)
+        return balance.adaptive_lr(cfg.optim.lr, b, self.b_max, epoch, self.a.warmup_epochs, self.a.lr_decay)
+
+    def train_window(self, w: Window) -> RoundStats:
+        r = self.cluster.rank
+        b = int(self.sizes[r])
+        epoch_now = w.epoch + w.start / w.epoch_rows
+        self.opt.lr.assign(self._lr(epoch_now, b))
+        if self.counter is not None:
+            self.counter.prepare(w.index)
+        stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr))
+        for rows in self._claims(w, b):
+            self.local_step(rows, stats)
+
+        # Timing exchange: every rank learns every rank's batch count (mpi4py allgather).
+        t0 = time.perf_counter()
+        info = allgather(self.cluster.comm, (stats.batches, stats.samples, stats.compute_s))
+        batches = np.array([i[0] for i in info])
+        self.p = balance.batch_shares(batches)
+        self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
+        # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
+        self.merge(float(self.weights[r]), 1.0)
+        if self.a.merge_momentum > 0:
+            self._block_momentum()
+        stats.extra["merge_s"] = time.perf_counter() - t0
+        stats.weight = float(self.weights[r])
+        stats.extra["share"] = float(self.p[r])
+        self._rescale(w.progress)
+        return stats
+
+    def _block_momentum(self) -> None:
+        mu = self.a.merge_momentum
+        for x, v, vel in zip(self.anchor, self.variables, self.velocity):
+            vel.assign(mu * vel + (v - x))
+            x.assign_add(vel)
+            v.assign(x)
+
+    def _rescale(self, epoch: float) -> None:
+        """Batch-size scaling after the window (identical on every rank: same inputs)."""
+        if self.warm:
+            if epoch >= self.a.warmup_epochs:
+                self.warm = False
+                self.sizes[:] = self.b_max
+            return
+        if self.a.policy == "additive":
+            self.sizes = balance.additive_batch_sizes(self.sizes, self.p, self.a.step, self.b_min, self.b_max)
+        else:
+            self.sizes = balance.proportional_batch_sizes(self.sizes, self.p, self.b_min, self.b_max,
+                                                          self.a.smoothing)
+
+    def on_eval(self, norm: float) -> None:
+        """Adaptive normalization follows the model's L2-norm trend between evaluations."""
+        self.boost = balance.norm_trend_flag(self.a.norm_mode, self.prev_norm, norm)
+        self.prev_norm = norm
+
+    def state(self) -> dict:
+        return {"batch_sizes": self.sizes.tolist(), "shares": self.p.tolist(),
+                "weights": self.weights.tolist(), "warmup": self.warm}

@@ -1,0 +1,84 @@
+"""Model-averaging baselines: local SGD and CROSSBOW's synchronous model averaging (SMA).
+
+Both give every rank an equal, static share of each round's rows and equal batches; they
+differ in the merge at the round's end.
+- local: replicas are averaged with equal weights and every rank continues from the average.
+- sma: a central model z; each replica r moves d = alpha (r - z) toward it (r -= d), the
+  corrections are summed over ranks (D = sum d), D += momentum * D_prev, and z += D. Replicas
+  are not reset to z; z is what gets evaluated.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
+from hvd_adaptive.balance import split_evenly
+from hvd_adaptive.distributed import WeightedAllreduce, broadcast_variables
+from hvd_adaptive.model import SparseMLP
+
+
+class _Averaging(Algorithm):
+    def setup(self) -> None:
+        # Horovod: identical starting replicas, so averaging starts from a common point.
+        broadcast_variables(self.variables)
+
+    def train_local_share(self, w: Window) -> RoundStats:
+        r, n, b = self.cluster.rank, self.cluster.size, self.cfg.train.batch_size
+        off = split_evenly(w.end - w.start, n)
+        mine = w.perm[w.start + off[r]: w.start + off[r + 1]]
+        stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr), weight=1.0 / n)
+        for i in range(0, len(mine), b):
+            self.local_step(mine[i:i + b], stats)
+        return stats
+
+
+class LocalSGD(_Averaging):
+    name = "local"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.merge = WeightedAllreduce(self.variables)
+
+    def train_window(self, w: Window) -> RoundStats:
+        stats = self.train_local_share(w)
+        self.merge(1.0, float(self.cluster.size))
+        return stats
+
+
+class SMA(_Averaging):
+    name = "sma"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.central = SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model)
+        self.z = self.central.variables_list
+        self.prev = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
+        alpha, mu = self.cfg.sma.alpha, self.cfg.sma.momentum
+
+        @tf.function
+        def sma_merge():
+            d = [alpha * (r - z) for r, z in zip(self.variables, self.z)]
+            for r, di in zip(self.variables, d):
+                r.assign_sub(di)
+            total = hvd.grouped_allreduce(d, op=hvd.Sum, name="sma_corrections")
+            for z, dp, dd in zip(self.z, self.prev, total):
+                step = dd + mu * dp
+                dp.assign(step)
+                z.assign_add(step)
+
+        self._sma_merge = sma_merge
+
+    def setup(self) -> None:
+        super().setup()
+        for z, r in zip(self.z, self.variables):
+            z.assign(r)
+
+    def train_window(self, w: Window) -> RoundStats:
+        stats = self.train_local_share(w)
+        self._sma_merge()
+        return stats
+
+    def eval_model(self) -> SparseMLP:
+        return self.central

@@ -1,0 +1,184 @@
+"""What every training algorithm shares: the data stream, the local step, simulated slowdown.
+
+An algorithm trains in rounds. A round covers `train.window_samples` rows of the epoch's
+shuffled stream (fewer at the end of an epoch); for model-averaging algorithms it ends with a
+merge. `run_round` returns this rank's accounting for the round, or None when training is over.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_adaptive.config import Config
+from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
+from hvd_adaptive.distributed import Cluster, Stopwatch
+from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
+
+
+@dataclass
+class Context:
+    """What an algorithm is built from."""
+
+    cfg: Config
+    cluster: Cluster
+    model: SparseMLP
+    opt: Optimizer
+    train: Dataset
+
+
+@dataclass(frozen=True)
+class Window:
+    """A round's slice [start, end) of the epoch's permutation."""
+
+    index: int         # global round counter
+    epoch: int
+    perm: np.ndarray
+    start: int
+    end: int
+    epoch_rows: int    # rows of this epoch (fewer in a fractional last epoch)
+
+    @property
+    def progress(self) -> float:
+        """Epochs completed when this window is done."""
+        return self.epoch + self.end / self.epoch_rows
+
+
+@dataclass
+class RoundStats:
+    """This rank's accounting for one round (allgathered and written by rank 0)."""
+
+    epoch: float
+    batch_size: int
+    batches: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    weight: float = 0.0
+    lr: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Algorithm:
+    """Base class: subclasses implement `train_window` and may override `eval_model`."""
+
+    name = "base"
+
+    def __init__(self, ctx: Context):
+        self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
+        self.model, self.opt = ctx.model, ctx.opt
+        self.variables = self.model.variables_list
+        self.clock = Stopwatch()
+        self._rng = np.random.default_rng(1000 + ctx.cluster.rank)
+        self.slowdown = float(self.cfg.hetero.slowdown.get(self.cluster.rank, 1.0))
+        self._windows = self._window_stream()
+
+        @tf.function(input_signature=BATCH_SIGNATURE)
+        def local_step(*batch):
+            with tf.GradientTape() as tape:
+                loss = self.model.loss(*batch, training=True)
+            grads = tape.gradient(loss, self.variables)
+            self.opt.apply(grads, self.variables)
+            return loss
+
+        @tf.function(input_signature=BATCH_SIGNATURE)
+        def grad_only(*batch):
+            with tf.GradientTape() as tape:
+                loss = self.model.loss(*batch, training=True)
+            return tape.gradient(loss, self.variables)
+
+        self._local_step, self._grad_only = local_step, grad_only
+
+    # ---- data stream ---------------------------------------------------------------------
+    def _window_stream(self) -> Iterator[Window]:
+        n = self.ctx.train.n_rows
+        s = self.cfg.train.window_samples
+        epochs = self.cfg.train.epochs
+        index = 0
+        for epoch in range(math.ceil(epochs)):
+            rows = n if epoch + 1 <= epochs else max(1, int(round((epochs - epoch) * n)))
+            perm = epoch_permutation(n, self.cfg.train.seed, epoch)[:rows]
+            for start in range(0, rows, s):
+                yield Window(index, epoch, perm, start, min(start + s, rows), rows)
+                index += 1
+
+    def next_window(self) -> Optional[Window]:
+        return next(self._windows, None)
+
+    def batch(self, rows: np.ndarray) -> tuple:
+        return batch_tensors(make_batch(self.ctx.train, rows))
+
+    # ---- steps ---------------------------------------------------------------------------
+    def simulate_slowdown(self, compute_s: float) -> None:
+        """Injected heterogeneity: a rank slowed by f waits (f - 1) x its own compute time."""
+        extra = (self.slowdown - 1.0) * compute_s
+        if self.cfg.hetero.jitter > 0:
+            extra += self._rng.uniform(0, self.cfg.hetero.jitter) * compute_s
+        if extra > 0:
+            time.sleep(extra)
+
+    def local_step(self, rows: np.ndarray, stats: RoundStats) -> None:
+        """One plain SGD step on this rank's replica, timed (with slowdown) as compute."""
+        batch = self.batch(rows)
+        t0 = time.perf_counter()
+        loss = float(self._local_step(*batch))
+        self.simulate_slowdown(time.perf_counter() - t0)
+        stats.compute_s += time.perf_counter() - t0
+        stats.batches += 1
+        stats.samples += len(rows)
+        stats.loss_sum += loss * len(rows)
+
+    def step_functions(self) -> list:
+        """tf.functions with full input signatures that training calls."""
+        return [self._local_step, self._grad_only]
+
+    def calibrate(self, batch_size: int, steps: int = 3) -> float:
+        """This rank's standalone speed in rows/s (gradient only, slowdown included).
+
+        Used as the denominator of cluster efficiency and as the first speed estimate of
+        proportional partition. The first call traces the function and is not timed.
+        """
+        n = self.ctx.train.n_rows
+        rng = np.random.default_rng(7 + self.cluster.rank)
+        rows = [rng.integers(0, n, size=min(batch_size, n)) for _ in range(steps + 1)]
+        self._grad_only(*self.batch(rows[0]))
+        t0 = time.perf_counter()
+        for r in rows[1:]:
+            t1 = time.perf_counter()
+            self._grad_only(*self.batch(r))
+            self.simulate_slowdown(time.perf_counter() - t1)
+        return steps * len(rows[0]) / (time.perf_counter() - t0)
+
+    # ---- interface -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """Called once after construction on every rank (collectives allowed)."""
+
+    def trace(self) -> None:
+        """Traces the step functions before the clock starts, so tracing is not training time."""
+        for fn in self.step_functions():
+            fn.get_concrete_function()
+
+    def run_round(self) -> Optional[RoundStats]:
+        w = self.next_window()
+        if w is None:
+            return None
+        t0 = time.perf_counter()
+        stats = self.train_window(w)
+        stats.wait_s = max(time.perf_counter() - t0 - stats.compute_s, 0.0)
+        return stats
+
+    def train_window(self, w: Window) -> RoundStats:
+        raise NotImplementedError
+
+    def eval_model(self) -> SparseMLP:
+        """The model to evaluate (identical on all ranks)."""
+        return self.model
+
+    def state(self) -> dict:
+        """Algorithm state for the run summary (batch sizes etc.)."""
+        return {}

@@ -1,0 +1,125 @@
+"""hvd-adaptive: command-line entry point.
+
+Usage:
+  horovodrun -np 2 -H localhost:2 hvd-adaptive train --config configs/default.yaml
+  mpirun -np 2 hvd-adaptive train --config FILE --set train.algorithm=adaptive --run-dir runs/x
+  hvd-adaptive train ...                 # without a launcher: one rank
+  hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
+  hvd-adaptive report runs/a runs/b --out report.png
+  hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _train(args: argparse.Namespace) -> int:
+    from hvd_adaptive.config import load_config
+
+    cfg, _ = load_config(args.config, args.set, extra_sections=("sweep",))
+    return run_training(cfg, args.run_dir)
+
+
+def run_training(cfg, run_dir: str | None) -> int:
+    """Initializes the ranks, trains, shuts down; any rank's failure ends the whole job."""
+    from hvd_adaptive import distributed, trainer
+
+    cluster = distributed.init(cfg.train.threads)
+    with distributed.fail_fast(cluster):
+        # Every rank must write to the same folder: rank 0 names it, the others receive it.
+        name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cluster.comm.bcast(name, root=0)
+        trainer.train(cfg, Path(name), cluster)
+    distributed.shutdown()
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from hvd_adaptive.data import preset, synth_to_files
+
+    overrides = {k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test),
+                                   ("n_features", args.n_features), ("n_labels", args.n_labels))
+                 if v is not None}
+    spec = preset(args.preset, scale=args.scale, seed=args.seed, **overrides)
+    t0 = time.perf_counter()
+    print(f"writing {spec.n_train} train and {spec.n_test} test rows, {spec.n_features} features, "
+          f"{spec.n_labels} labels to {args.out} ...", flush=True)
+    train, test = synth_to_files(spec, Path(args.out))
+    print(f"wrote {train} and {test} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from hvd_adaptive.report import main as report_main
+
+    return report_main(args)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from hvd_adaptive.sweep import main as sweep_main
+
+    return sweep_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hvd-adaptive", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one configuration (under horovodrun/mpirun/srun)")
+    t.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
+    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable; value parsed as YAML)")
+    t.add_argument("--run-dir", help="output folder (default runs/<algorithm>-<time>)")
+    t.set_defaults(fn=_train)
+
+    d = sub.add_parser("data", help="data utilities")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    s = dsub.add_parser("synth", help="write a synthetic XC train/test pair")
+    s.add_argument("--preset", default="amazon670k", help="amazon670k, delicious200k or eurlex4k")
+    s.add_argument("--scale", type=float, default=0.01, help="multiplies rows and labels")
+    s.add_argument("--seed", type=int, default=0)
+    for k in ("n_train", "n_test", "n_features", "n_labels"):
+        s.add_argument("--" + k.replace("_", "-"), dest=k, type=int)
+    s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
+    s.set_defaults(fn=_synth)
+
+    r = sub.add_parser("report", help="plot P@1 against wall time from run folders")
+    r.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    r.add_argument("--out", default="report.png", help="figure file (PNG)")
+    r.add_argument("--target", type=float, help="P@1 target for the time-to-target column")
+    r.set_defaults(fn=_report)
+
+    w = sub.add_parser("sweep", help="grid sweeps from a config's sweep: section")
+    wsub = w.add_subparsers(dest="sweep_command", required=True)
+    wl = wsub.add_parser("list", help="print the sweep's points with their index")
+    wl.add_argument("config")
+    wl.add_argument("--count", action="store_true", help="print only the number of points")
+    wr = wsub.add_parser("run", help="run one point (index defaults to SLURM_ARRAY_TASK_ID)")
+    wr.add_argument("config")
+    wr.add_argument("--index", type=int)
+    wr.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    wr.add_argument("--root", default="runs/sweep", help="parent folder of the points' run folders")
+    w.set_defaults(fn=_sweep)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hvd_adaptive.config import ConfigError
+    from hvd_adaptive.data import DataError
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+        print(f"hvd-adaptive: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Everything MPI and Horovod: set-up, device choice, collectives, fail-fast shutdown.
+
+Each MPI rank owns one GPU (chosen among the GPUs it can see) or the CPU. mpi4py and Horovod
+share MPI_COMM_WORLD: mpi4py initializes MPI first with MPI_THREAD_MULTIPLE (Horovod's
+background thread calls MPI concurrently with ours), then hvd.init() adopts it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the trainer needs to know about its place in the job."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: str   # "/GPU:0" or "/CPU:0"
+    threads: int  # TensorFlow intra-op threads of this rank
+    comm: Any     # mpi4py communicator over all ranks
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+def _pick_gpu(tf, local_rank: int) -> Optional[str]:
+    """Chooses this rank's GPU among the visible ones.
+
+    Under Slurm's per-task GPU binding each process sees exactly one GPU (index 0); with the
+    whole node visible, ranks on the node spread over the GPUs by local rank.
+    Untested here: these machines have no GPU.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    gpu = gpus[local_rank % len(gpus)] if len(gpus) > 1 else gpus[0]
+    tf.config.set_visible_devices([gpu], "GPU")
+    tf.config.experimental.set_memory_growth(gpu, True)
+    return "/GPU:0"
+
+
+def init(threads: Optional[int] = None) -> Cluster:
+    """Initializes MPI (mpi4py), Horovod and TensorFlow's devices for this rank.
+
+    Args:
+        threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
+            so ranks sharing a node do not oversubscribe it.
+    """
+    import mpi4py
+
+    mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    hvd.init()  # adopts the MPI world mpi4py initialized
+    comm = MPI.COMM_WORLD
+    if hvd.size() != comm.Get_size():
+        raise RuntimeError(
+            f"Horovod sees {hvd.size()} ranks but MPI sees {comm.Get_size()}: launch with MPI "
+            "(mpirun, srun --mpi=pmix, or horovodrun without --gloo)")
+    local_size = hvd.local_size()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n_threads = threads or max(1, (cores or 1) // local_size)
+    # Thread pools must be sized before TensorFlow creates its context (first op).
+    tf.config.threading.set_intra_op_parallelism_threads(n_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(min(2, n_threads))
+    device = _pick_gpu(tf, hvd.local_rank()) or "/CPU:0"
+    return Cluster(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                   local_size=local_size, device=device, threads=n_threads, comm=comm)
+
+
+def shutdown() -> None:
+    import horovod.tensorflow as hvd
+
+    if hvd.is_initialized():
+        hvd.shutdown()
+
+
+def abort_on_error(comm, exc: BaseException, rank: int) -> None:
+    """Logs the error with the rank, then ends the whole job (never a hang in a collective)."""
+    sys.stderr.write(f"[rank {rank}] error: {type(exc).__name__}: {exc}\n")
+    if os.environ.get("HVD_ADAPTIVE_TRACEBACK"):
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if comm.Get_size() > 1:
+        comm.Abort(1)
+
+
+@contextmanager
+def fail_fast(cluster: Cluster) -> Iterator[None]:
+    """Any exception on this rank aborts all ranks, so none waits forever in a collective."""
+    try:
+        yield
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - every failure must end the job
+        abort_on_error(cluster.comm, e, cluster.rank)
+        raise
+
+
+def broadcast_variables(variables: Sequence, root: int = 0) -> None:
+    """Makes every rank start from rank 0's values (seeds could differ across machines)."""
+    import horovod.tensorflow as hvd
+
+    hvd.broadcast_variables(list(variables), root_rank=root)
+
+
+def allgather(comm, obj: Any) -> list:
+    """mpi4py allgather of small Python objects (timings, counters, flags)."""
+    return comm.allgather(obj)
+
+
+def allreduce_sum_np(comm, arr: np.ndarray) -> np.ndarray:
+    """Sum of a small numpy array over ranks (metric sums)."""
+    from mpi4py import MPI
+
+    out = np.empty_like(arr)
+    comm.Allreduce(np.ascontiguousarray(arr), out, op=MPI.SUM)
+    return out
+
+
+class WeightedAllreduce:
+    """theta <- sum_i w_i theta_i / sum_i w_i over ranks, in one fused Horovod call.
+
+    Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"),
+    so each rank multiplies its variables by its own weight locally, all variables go through one
+    grouped_allreduce with op=Sum, and the result is divided by the weight sum (known to every
+    rank after the timing allgather). The cost is that of one plain allreduce of the same tensors.
+    """
+
+    def __init__(self, variables: Sequence):
+        import tensorflow as tf
+        import horovod.tensorflow as hvd
+
+        self.variables = list(variables)
+
+        @tf.function
+        def _merge(weight, total):
+            scaled = [v * weight for v in self.variables]
+            summed = hvd.grouped_allreduce(scaled, op=hvd.Sum, name="weighted_merge")
+            for v, s in zip(self.variables, summed):
+                v.assign(s / total)
+
+        @tf.function
+        def _plain():
+            summed = hvd.grouped_allreduce([tf.identity(v) for v in self.variables], op=hvd.Sum,
+                                           name="plain_merge")
+            for v, s in zip(self.variables, summed):
+                v.assign(s)
+
+        self._merge, self._plain = _merge, _plain
+
+    def __call__(self, weight: float, total: float) -> None:
+        import tensorflow as tf
+
+        self._merge(tf.constant(weight, tf.float32), tf.constant(total, tf.float32))
+
+    def plain_sum(self) -> None:
+        """A plain Horovod allreduce of the same tensors (the benchmark's reference)."""
+        self._plain()
+
+
+class SharedCounter:
+    """A counter on rank 0 that every rank advances atomically (MPI one-sided Fetch_and_op).
+
+    Dynamic scheduling hands out batches from one global stream with it: a faster rank comes
+    back sooner and so takes more batches. Two slots alternate between merge windows so that
+    rank 0 can reset the next window's slot while others may still read the current one.
+    """
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm
+        nbytes = 2 * 8 if comm.Get_rank() == 0 else 0
+        self.win = MPI.Win.Allocate(nbytes, 8, comm=comm)
+        if comm.Get_rank() == 0:
+            self._reset(0)
+            self._reset(1)
+        comm.Barrier()
+
+    def _reset(self, slot: int) -> None:
+        zero = np.zeros(1, np.int64)
+        self.win.Lock(0, self.MPI.LOCK_EXCLUSIVE)
+        self.win.Put(zero, 0, target=(slot, 1, self.MPI.INT64_T))
+        self.win.Unlock(0)
+
+    def prepare(self, window: int) -> None:
+        """Rank 0 zeroes the slot of window+1; call after the merge that ended window-1."""
+        if self.comm.Get_rank() == 0:
+            self._reset((window + 1) % 2)
+
+    def fetch_add(self, window: int, amount: int) -> int:
+        """Adds `amount` to the window's counter and returns the value before the add."""
+        inc = np.array([amount], np.int64)
+        old = np.zeros(1, np.int64)
+        self.win.Lock(0, self.MPI.LOCK_SHARED)
+        self.win.Fetch_and_op(inc, old, 0, target_disp=(window % 2), op=self.MPI.SUM)
+        self.win.Unlock(0)
+        return int(old[0])
+
+    def free(self) -> None:
+        self.win.Free()
+
+
+class Stopwatch:
+    """Accumulates seconds by category (compute, wait, ...) for the per-rank accounting."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[what] = self.totals.get(what, 0.0) + time.perf_counter() - t0
+
+    def take(self) -> dict[str, float]:
+        """Returns the totals since the last take and starts over."""
+        out, self.totals = self.totals, {}
+        return out

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Train on this workstation: N ranks on localhost under horovodrun with the MPI controller
+# (so mpi4py and Horovod share one MPI world). Extra arguments go to `hvd-adaptive train`.
+#   bash launch/train.sh                                    # 2 ranks, configs/default.yaml
+#   NP=4 CONFIG=configs/tiny.yaml bash launch/train.sh --set train.algorithm=adaptive
+#   bash launch/train.sh --run-dir runs/mine --set hetero.slowdown='{1: 2.0}'
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+NP=${NP:-2}
+CONFIG=${CONFIG:-$REPO/configs/default.yaml}
+VENV=${HVD_ADAPTIVE_VENV:-$REPO/.venv}
+[ -x "$VENV/bin/horovodrun" ] || { echo "train.sh: no Horovod in $VENV; run: bash launch/setup.sh" >&2; exit 2; }
+# OpenMPI refuses to start as root unless told; more ranks than cores need oversubscription.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PATH="$VENV/bin:$PATH"
+exec horovodrun --mpi -np "$NP" -H "localhost:$NP" hvd-adaptive train --config "$CONFIG" "$@"
