@@ -1,0 +1,60 @@
+"""Times the merge under MPI: weighted allreduce vs a plain Horovod allreduce of the same tensors.
+
+Usage (the benchmark runs it for you):
+  mpirun -np 2 python -m hvd_adaptive.bench_merge --config configs/bench.yaml --repeats 20
+Builds the model of the config's shape, then alternates the two collectives and reports medians.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--repeats", type=int, default=20)
+    a = ap.parse_args(argv)
+
+    from hvd_adaptive import distributed
+    from hvd_adaptive.config import load_config
+    from hvd_adaptive.data import preset
+
+    cfg, _ = load_config(a.config, extra_sections=("sweep",))
+    s = cfg.data.synth
+    spec = preset(s.preset, scale=s.scale, **{k: getattr(s, k) for k in ("n_features", "n_labels")
+                                              if getattr(s, k) is not None})
+    c = distributed.init(cfg.train.threads)
+    import tensorflow as tf
+    from hvd_adaptive.model import SparseMLP
+
+    with tf.device(c.device):
+        model = SparseMLP(spec.n_features, spec.n_labels, cfg.model)
+        merge = distributed.WeightedAllreduce(model.variables_list)
+        weighted, plain = [], []
+        for i in range(a.repeats + 2):
+            c.comm.Barrier()
+            t0 = time.perf_counter()
+            merge(0.5 + 0.1 * c.rank, 1.0 + 0.1 * c.size)
+            t1 = time.perf_counter()
+            c.comm.Barrier()
+            t2 = time.perf_counter()
+            merge.plain_sum()
+            t3 = time.perf_counter()
+            if i >= 2:  # the first calls trace the functions
+                weighted.append(t1 - t0)
+                plain.append(t3 - t2)
+    if c.is_root:
+        n = sum(int(tf.size(v)) for v in model.variables_list)
+        mw, mp = statistics.median(weighted), statistics.median(plain)
+        print(f"merge of {n / 1e6:.1f} M parameters on {c.size} ranks, {a.repeats} repeats: "
+              f"weighted allreduce median {mw * 1e3:.1f} ms, plain allreduce median {mp * 1e3:.1f} ms, "
+              f"ratio {mw / mp:.3f}")
+    distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
