@@ -1,0 +1,235 @@
+"""Compare run folders: a table of final accuracy and time to a target, and one figure.
+
+Usage:
+  hvd-adaptive report runs/sync runs/adaptive --out report.png
+  hvd-adaptive report runs/sweep/sweep_tiny/* --out sweep.png --target 0.7
+
+The figure's top panel is test P@1 against training wall time (the comparison the adaptive
+SGD papers draw); below it, each rank's batch size and merge weight over time, from the
+`round` records. Time to target is the training time of the first evaluation reaching the
+target P@1 (default: 90% of the best final P@1 among the runs).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+TARGET_FRACTION = 0.9
+
+
+class ReportError(ValueError):
+    """A run folder is missing or its files cannot be read; the message names the path."""
+
+
+@dataclass
+class Run:
+    """What one run folder holds (records of its latest start only)."""
+
+    name: str
+    path: Path
+    evals: list[dict] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+    start: Optional[dict] = None
+    summary: Optional[dict] = None
+
+    @property
+    def algorithm(self) -> str:
+        for src in (self.summary, self.start):
+            if src and "algorithm" in src:
+                return str(src["algorithm"])
+        return "?"
+
+    @property
+    def final(self) -> Optional[dict]:
+        """Final test metrics: summary.json's, else the last evaluation (a run still going)."""
+        if self.summary and self.summary.get("final"):
+            return self.summary["final"]
+        return self.evals[-1] if self.evals else None
+
+    @property
+    def train_s(self) -> Optional[float]:
+        if self.summary and "train_wall_s" in self.summary:
+            return float(self.summary["train_wall_s"])
+        last = self.rounds or self.evals
+        return float(last[-1]["wall_s"]) if last else None
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Records of a metrics.jsonl file, from its last `start` record on.
+
+    The trainer appends, so a folder reused by a second run holds both; only the latest run
+    is reported. A final line cut short (a run still writing) is ignored.
+
+    Raises:
+        ReportError: a malformed line other than an unfinished last one (file and line named).
+    """
+    text = path.read_text()
+    lines = text.splitlines()
+    records: list[dict] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if number == len(lines) and not text.endswith("\n"):
+                break
+            raise ReportError(f"{path}:{number}: not a JSON record ({e})") from None
+        if not isinstance(rec, dict) or "event" not in rec:
+            raise ReportError(f"{path}:{number}: expected an object with an 'event' key")
+        if rec["event"] == "start":
+            records = []
+        records.append(rec)
+    return records
+
+
+def load_run(folder: str | Path, name: Optional[str] = None) -> Run:
+    """Reads a run folder's metrics.jsonl and, when present, summary.json.
+
+    Args:
+        folder: the run folder.
+        name: label in the table and legend; default: the folder's name.
+
+    Raises:
+        ReportError: the folder or its metrics.jsonl is missing, or a file is malformed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ReportError(f"{folder}: no such run folder")
+    metrics = folder / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ReportError(f"{folder}: no metrics.jsonl (not a run folder, or the run never started)")
+    run = Run(name=name or folder.name, path=folder)
+    for rec in read_metrics(metrics):
+        if rec["event"] == "eval":
+            run.evals.append(rec)
+        elif rec["event"] == "round":
+            run.rounds.append(rec)
+        elif rec["event"] == "start":
+            run.start = rec
+    summary = folder / "summary.json"
+    if summary.is_file():
+        try:
+            run.summary = json.loads(summary.read_text())
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{summary}: not valid JSON ({e})") from None
+    return run
+
+
+def load_runs(folders: list[str | Path]) -> list[Run]:
+    """Loads every folder; names are folder names, with the parent added where two clash."""
+    paths = [Path(f) for f in folders]
+    names = [p.name for p in paths]
+    clashes = {n for n in names if names.count(n) > 1}
+    return [load_run(p, f"{p.parent.name}/{p.name}" if p.name in clashes else p.name)
+            for p in paths]
+
+
+def time_to_target(evals: list[dict], target: float) -> Optional[float]:
+    """Training seconds of the first evaluation with P@1 >= target; None if none reached it."""
+    for e in evals:
+        if e["p_at_1"] >= target:
+            return float(e["wall_s"])
+    return None
+
+
+def default_target(runs: list[Run]) -> Optional[float]:
+    """TARGET_FRACTION of the best final P@1 over the runs; None when no run has evaluated."""
+    finals = [r.final["p_at_1"] for r in runs if r.final]
+    return TARGET_FRACTION * max(finals) if finals else None
+
+
+def table_rows(runs: list[Run], target: Optional[float]) -> list[dict]:
+    """One row of plain values per run (None where a run has no such value)."""
+    rows = []
+    for r in runs:
+        f = r.final or {}
+        rows.append({
+            "run": r.name, "algorithm": r.algorithm,
+            "p_at_1": f.get("p_at_1"), "p_at_3": f.get("p_at_3"), "p_at_5": f.get("p_at_5"),
+            "best_p_at_1": max((e["p_at_1"] for e in r.evals), default=None),
+            "train_s": r.train_s,
+            "time_to_target": time_to_target(r.evals, target) if target is not None else None,
+            "efficiency": (r.summary or {}).get("efficiency"),
+        })
+    return rows
+
+
+def format_table(rows: list[dict], target: Optional[float]) -> str:
+    """Aligned text table; "-" marks missing values (e.g. a target never reached)."""
+    ttt = f"s to P@1>={target:.3f}" if target is not None else "s to target"
+    cols = [("run", "run", "{}"), ("algorithm", "algorithm", "{}"), ("P@1", "p_at_1", "{:.4f}"),
+            ("P@3", "p_at_3", "{:.4f}"), ("P@5", "p_at_5", "{:.4f}"),
+            ("best P@1", "best_p_at_1", "{:.4f}"), ("train s", "train_s", "{:.1f}"),
+            (ttt, "time_to_target", "{:.1f}"), ("efficiency", "efficiency", "{:.2f}")]
+    cells = [[h for h, _, _ in cols]]
+    cells += [[("-" if row[k] is None else fmt.format(row[k])) for _, k, fmt in cols] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
+    # Text columns read left-aligned, numbers right-aligned.
+    out = []
+    for line in cells:
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(line, widths))).rstrip())
+    return "\n".join(out)
+
+
+def plot(runs: list[Run], out: str | Path, target: Optional[float]) -> Path:
+    """Writes the figure (P@1, per-rank batch size and merge weight against time) to `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on cluster nodes
+    import matplotlib.pyplot as plt
+
+    fig, (acc, bs, wt) = plt.subplots(3, 1, figsize=(9, 10), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1, 1]})
+    styles = ["-", "--", ":", "-."]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, r in enumerate(runs):
+        color = colors[i % len(colors)]
+        if r.evals:
+            acc.plot([e["wall_s"] for e in r.evals], [e["p_at_1"] for e in r.evals], "o-",
+                     color=color, label=f"{r.name} ({r.algorithm})", markersize=3)
+        n_ranks = max((len(rec["ranks"]) for rec in r.rounds), default=0)
+        for k in range(n_ranks):
+            pts = [(rec["wall_s"], rec["ranks"][k]) for rec in r.rounds if len(rec["ranks"]) > k]
+            t = [p[0] for p in pts]
+            # A round's batch size and weight hold until its end, where it is recorded.
+            kw = dict(color=color, linestyle=styles[k % len(styles)], drawstyle="steps-pre",
+                      label=f"{r.name} r{k}")
+            bs.plot(t, [p[1]["batch_size"] for p in pts], **kw)
+            wt.plot(t, [p[1]["weight"] for p in pts], **kw)
+    if target is not None:
+        acc.axhline(target, color="grey", linewidth=0.8, linestyle="--",
+                    label=f"target P@1 {target:.3f}")
+    acc.set_ylabel("test P@1")
+    acc.set_title("Test P@1 against training time")
+    bs.set_ylabel("batch size per rank")
+    wt.set_ylabel("merge weight per rank")
+    wt.set_xlabel("training wall time (s)")
+    for ax in (acc, bs, wt):
+        ax.grid(alpha=0.3)
+    acc.legend(fontsize=8)
+    if len(runs) * max((len(rec["ranks"]) for r in runs for rec in r.rounds), default=0) <= 12:
+        bs.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=100)
+    plt.close(fig)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    """Entry point of `hvd-adaptive report` (parsed in hvd_adaptive.cli)."""
+    if args.target is not None and not 0.0 < args.target <= 1.0:
+        raise ReportError(f"--target: a P@1 in (0, 1], got {args.target}")
+    if Path(args.out).suffix.lower() != ".png":
+        raise ReportError(f"--out {args.out}: the figure is written as PNG; name it *.png")
+    runs = load_runs(args.runs)
+    target = args.target if args.target is not None else default_target(runs)
+    print(format_table(table_rows(runs, target), target))
+    print(f"figure: {plot(runs, args.out, target)}")
+    return 0

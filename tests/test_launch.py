@@ -1,0 +1,22 @@
+"""The workstation launcher, launch/train.sh: 2 ranks under horovodrun on the tiny config."""
+import json
+import os
+import subprocess
+
+from mpirun import REPO
+
+
+def test_train_sh_two_ranks_under_horovodrun(tmp_path):
+    run = tmp_path / "run"
+    env = dict(os.environ, CONFIG="configs/tiny.yaml", NP="2", TF_CPP_MIN_LOG_LEVEL="2")
+    p = subprocess.run(["bash", "launch/train.sh", "--run-dir", str(run)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ranks"] == 2 and len(summary["per_rank"]) == 2
+    assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"], summary
+    # horovodrun makes mpirun tag every chunk of output; each progress line must stay whole,
+    # with its one tag in front (a split line shows a second tag before its newline).
+    progress = [line for line in p.stdout.splitlines() if "P@1" in line]
+    assert progress and progress[-1].startswith("[1,0]<stdout>:done: P@1"), p.stdout[-3000:]
+    assert all(line.count("<stdout>:") == 1 for line in p.stdout.splitlines()), p.stdout[-3000:]
