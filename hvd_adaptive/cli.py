@@ -3,6 +3,7 @@
 Usage:
   horovodrun -np 2 -H localhost:2 hvd-adaptive train --config configs/default.yaml
   mpirun -np 2 hvd-adaptive train --config FILE --set train.algorithm=adaptive --run-dir runs/x
+  mpirun -np 2 hvd-adaptive train --config FILE --run-dir runs/x --resume   # after a failure
   hvd-adaptive train ...                 # without a launcher: one rank
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
   hvd-adaptive report runs/a runs/b --out report.png
@@ -18,9 +19,12 @@ from pathlib import Path
 
 
 def _train(args: argparse.Namespace) -> int:
-    from hvd_adaptive.config import load_config
+    from hvd_adaptive.config import ConfigError, load_config
 
-    cfg, _ = load_config(args.config, args.set, extra_sections=("sweep",))
+    if args.resume and not args.run_dir:
+        raise ConfigError("--resume needs --run-dir: the folder of the run to continue")
+    sets = [*args.set, "checkpoint.resume=auto"] if args.resume else args.set
+    cfg, _ = load_config(args.config, sets, extra_sections=("sweep",))
     return run_training(cfg, args.run_dir)
 
 
@@ -75,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable; value parsed as YAML)")
     t.add_argument("--run-dir", help="output folder (default runs/<algorithm>-<time>)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the run folder's newest complete checkpoint, if any "
+                        "(same as --set checkpoint.resume=auto)")
     t.set_defaults(fn=_train)
 
     d = sub.add_parser("data", help="data utilities")
@@ -116,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as e:
+    except (ConfigError, DataError, FileNotFoundError, ValueError, FloatingPointError) as e:
         print(f"hvd-adaptive: error: {e}", file=sys.stderr)
         return 2
 

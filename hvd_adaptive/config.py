@@ -156,9 +156,10 @@ class SyncConfig:
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    warmup_epochs: float = 0.25
-    """Epochs of warm-up with batch b_warm on every rank (the prototype used 10 of many more;
-    our runs are short, see docs/algorithms.md)."""
+    warmup_epochs: float = 0.0
+    """Epochs of warm-up with batch b_warm on every rank. The prototype used 10 (of many more);
+    on the benchmark here 0.25 epochs of warm-up delayed the target P@1 about 6x (batch 32 and
+    a 100x lower starting rate), so it is off by default (docs/benchmark.md)."""
     b_warm: int = 32
     """Warm-up batch size."""
     b_min: int = 32
@@ -210,6 +211,44 @@ class SmaConfig:
 
 
 @dataclass(frozen=True)
+class HogbatchConfig:
+    """CPU+GPU Hogbatch and Adaptive Hogbatch (asynchronous, one node; docs/hogbatch.md)."""
+
+    cpu_ranks: list[int] = field(default_factory=list)
+    """Ranks that are CPU workers (small batches); the others are GPU workers (their GPU if any)."""
+    cpu_threads: Optional[int] = None
+    """TensorFlow threads of CPU workers; None: as train.threads. Not applied yet: thread pools
+    are sized in distributed.init (a CPU rank warns; docs/hogbatch.md)."""
+    cpu_batch: int = 16
+    """Starting batch of CPU workers (plain hogbatch keeps it)."""
+    gpu_batch: Optional[int] = None
+    """Starting batch of GPU workers; None: train.batch_size."""
+    b_min: int = 16
+    """adaptive_hogbatch: smallest batch (tinier batches at one learning rate made learning
+    noisy in our runs)."""
+    b_max: Optional[int] = None
+    """adaptive_hogbatch: largest batch; None: 8 x the GPU batch."""
+    threshold: float = 0.2
+    """adaptive_hogbatch: a worker whose update rate is off the mean by more than this fraction
+    resizes its batch; larger keeps batches (utilization), smaller balances update counts."""
+    adjust_every: int = 2
+    """adaptive_hogbatch: updates between publishing the rate and resizing."""
+    round_epochs: Optional[float] = None
+    """Epochs of the stream per round (rounds end with a barrier and never cross an epoch);
+    None: train.eval_every, so the only barriers are those evaluation needs."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "cpu_threads", "cpu_batch", "gpu_batch", "b_min", "b_max",
+                  "adjust_every", "round_epochs")
+        if any(r < 0 for r in self.cpu_ranks) or len(set(self.cpu_ranks)) != len(self.cpu_ranks):
+            raise ConfigError(f"{path}.cpu_ranks: needs distinct ranks >= 0, got {self.cpu_ranks}")
+        if self.b_max is not None and self.b_min > self.b_max:
+            raise ConfigError(f"{path}.b_min: {self.b_min} is larger than b_max {self.b_max}")
+        if self.threshold < 0:
+            raise ConfigError(f"{path}.threshold: must be >= 0, got {self.threshold}")
+
+
+@dataclass(frozen=True)
 class HeteroConfig:
     """Simulated heterogeneity: slowed ranks wait (factor - 1) x their own compute time per step."""
 
@@ -227,6 +266,22 @@ class HeteroConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """Checkpoints in `<run_dir>/checkpoints/` (see hvd_adaptive/checkpoint.py)."""
+
+    every: Optional[int] = None
+    """Rounds (merge windows) between checkpoints; None: only one at the end of training."""
+    keep: int = 3
+    """How many of the newest complete checkpoints to keep."""
+    resume: Literal["never", "auto"] = "never"
+    """auto: continue from the newest complete checkpoint in the run folder, if there is one
+    (`hvd-adaptive train --resume`). never: start over; old checkpoints there are deleted."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "every", "keep")
+
+
+@dataclass(frozen=True)
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -236,6 +291,8 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     sma: SmaConfig = field(default_factory=SmaConfig)
+    hogbatch: HogbatchConfig = field(default_factory=HogbatchConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):

@@ -91,14 +91,18 @@ def shutdown() -> None:
 
 
 def abort_on_error(comm, exc: BaseException, rank: int) -> None:
-    """Logs the error with the rank, then ends the whole job (never a hang in a collective)."""
+    """Logs the error with the rank, then ends the whole job (never a hang in a collective).
+
+    A single rank has nobody to wait for: the exception goes on to the caller, which reports it.
+    """
+    if comm.Get_size() == 1:
+        return
     sys.stderr.write(f"[rank {rank}] error: {type(exc).__name__}: {exc}\n")
     if os.environ.get("HVD_ADAPTIVE_TRACEBACK"):
         traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.flush()
     sys.stdout.flush()
-    if comm.Get_size() > 1:
-        comm.Abort(1)
+    comm.Abort(1)
 
 
 @contextmanager
@@ -138,9 +142,9 @@ class WeightedAllreduce:
     """theta <- sum_i w_i theta_i / sum_i w_i over ranks, in one fused Horovod call.
 
     Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"),
-    so each rank multiplies its variables by its own weight locally, all variables go through one
-    grouped_allreduce with op=Sum, and the result is divided by the weight sum (known to every
-    rank after the timing allgather). The cost is that of one plain allreduce of the same tensors.
+    so each rank multiplies its variables by its own normalized weight w_i / sum w locally (the
+    sum is known to every rank after the timing allgather) and all variables go through one
+    grouped_allreduce with op=Sum. The cost is that of one plain allreduce of the same tensors.
     """
 
     def __init__(self, variables: Sequence):
@@ -150,11 +154,13 @@ class WeightedAllreduce:
         self.variables = list(variables)
 
         @tf.function
-        def _merge(weight, total):
-            scaled = [v * weight for v in self.variables]
+        def _merge(scale):
+            # One local multiply by w_i / sum w, one fused sum: the same passes over memory as a
+            # plain allreduce (no division pass afterwards).
+            scaled = [v * scale for v in self.variables]
             summed = hvd.grouped_allreduce(scaled, op=hvd.Sum, name="weighted_merge")
             for v, s in zip(self.variables, summed):
-                v.assign(s / total)
+                v.assign(s)
 
         @tf.function
         def _plain():
@@ -168,7 +174,7 @@ class WeightedAllreduce:
     def __call__(self, weight: float, total: float) -> None:
         import tensorflow as tf
 
-        self._merge(tf.constant(weight, tf.float32), tf.constant(total, tf.float32))
+        self._merge(tf.constant(weight / total, tf.float32))
 
     def plain_sum(self) -> None:
         """A plain Horovod allreduce of the same tensors (the benchmark's reference)."""

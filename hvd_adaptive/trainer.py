@@ -1,8 +1,14 @@
-"""The training loop shared by every algorithm: round -> account -> maybe evaluate -> log.
+"""The training loop shared by every algorithm: round -> account -> maybe evaluate -> maybe
+checkpoint -> log.
 
 Only rank 0 writes (config.json, metrics.jsonl, summary.json in the run folder); metrics are
 reduced over ranks before they are written. `wall_s` in the records is training time, with
-evaluation time left out, so accuracy-against-time curves compare algorithms fairly.
+evaluation and checkpoint time left out, so accuracy-against-time curves compare algorithms
+fairly. A resumed run (checkpoint.resume: auto) cuts metrics.jsonl back to where its checkpoint
+was taken and continues the curve from there.
+
+Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
+default every rank) raises RuntimeError at the start of that round, to test fail-fast.
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_adaptive import algorithms
-from hvd_adaptive.config import Config
-from hvd_adaptive.data import Dataset, load_dataset, make_batch, preset, synthesize
+from hvd_adaptive.checkpoint import Checkpointer
+from hvd_adaptive.config import Config, ConfigError
+from hvd_adaptive.data import DataError, Dataset, load_dataset, make_batch, preset, synthesize
 from hvd_adaptive.distributed import Cluster, allgather, allreduce_sum_np
 from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums, most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
@@ -45,7 +52,21 @@ class RunLog:
 
     def say(self, msg: str) -> None:
         if self.active:
-            print(msg, flush=True)
+            # One write per line: OpenMPI's --tag-output (always on under horovodrun) tags
+            # every chunk it reads, so print's separate "\n" write could split the line.
+            print(msg + "\n", end="", flush=True)
+
+    def size(self) -> int:
+        """Bytes of metrics.jsonl written so far (0 on other ranks)."""
+        if not self._fh:
+            return 0
+        self._fh.flush()
+        return os.fstat(self._fh.fileno()).st_size
+
+    def truncate(self, size: int) -> None:
+        """Cuts metrics.jsonl back to `size` bytes (records of rounds a resume redoes)."""
+        if self._fh and self.size() > size:
+            os.truncate(self.dir / "metrics.jsonl", size)  # appends then go to the new end
 
     def write_json(self, name: str, obj: dict) -> None:
         if self.active:
@@ -70,6 +91,10 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
         overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
                                                  "nnz_mean", "labels_mean") if getattr(s, k) is not None}
         return synthesize(preset(s.preset, scale=s.scale, seed=s.seed, **overrides))
+
+    for key, path in (("data.train", d.train), ("data.test", d.test)):
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: data file not found ({key})")
 
     def load() -> tuple[Dataset, Dataset]:
         train = load_dataset(d.train, fmt=d.format, cache_dir=d.cache_dir)
@@ -118,8 +143,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
     log.write_json("config.json", cfg.to_dict())
     t_load = time.perf_counter()
     train_ds, test_ds = load_data(cfg, cluster)
-    if train_ds.n_rows < cluster.size:
-        raise ValueError(f"{train_ds.source}: {train_ds.n_rows} training rows for {cluster.size} ranks")
+    check_fits(cfg, train_ds, cluster.size)
     base_p1 = most_frequent_label_p1(train_ds.label_frequencies(), test_ds.label_indptr,
                                      test_ds.label_indices)
     log.say(f"data: {train_ds.n_rows} train / {test_ds.n_rows} test rows, {train_ds.n_features} "
@@ -130,25 +154,100 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         opt = Optimizer(model.variables_list, cfg.optim)
         algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds))
         algo.setup()
+        ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
+        resumed = _restore(ckpt, algo, cfg, train_ds, log)
         algo.trace()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size))
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
                 f"{cluster.threads} thread(s) each; standalone rows/s per rank: "
                 + ", ".join(f"{r:.0f}" for r in rates))
-        log.record(event="start", algorithm=cfg.train.algorithm, ranks=cluster.size,
-                   standalone_rates=rates, baseline_p_at_1=base_p1, time=time.time())
-        return _loop(cfg, cluster, algo, test_ds, log, rates, base_p1)
+        head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
+                    baseline_p_at_1=base_p1, time=time.time())
+        if resumed:
+            log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
+        else:
+            log.record(event="start", **head)
+        return _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed)
 
 
-def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1) -> dict:
+def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
+    """Set-up errors that would otherwise surface as hangs or odd numbers mid-run."""
+    n, src = train_ds.n_rows, train_ds.source or "the synthetic training set"
+    if n < ranks:
+        raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
+    if cfg.train.batch_size > n:
+        raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the {n} "
+                          f"training rows of {src}")
+
+
+def _stream_key(cfg: Config, train_ds: Dataset) -> list:
+    """What the window stream depends on: resuming skips windows, so these must not change."""
+    return [cfg.train.seed, cfg.train.window_samples, train_ds.n_rows]
+
+
+def _restore(ckpt: Checkpointer, algo, cfg: Config, train_ds: Dataset, log: RunLog) -> Optional[dict]:
+    """Loads the newest good checkpoint into the algorithm; returns the loop's saved state."""
+    found = ckpt.start()
+    if found is None:
+        return None
+    state, manifest = found
+    if state["trainer.stream"] != _stream_key(cfg, train_ds):
+        raise ConfigError(
+            f"{manifest['path']}: checkpoint was taken with [train.seed, train.window_samples, training "
+            f"rows] = {state['trainer.stream']}, this run has {_stream_key(cfg, train_ds)}; "
+            "resume with the same values or use another --run-dir")
+    try:
+        algo.load_state_dict(state)
+    except ValueError as e:  # wrong algorithm or model shape: say which checkpoint
+        raise ConfigError(f"{manifest['path']}: {e}") from None
+    if algo.resized:
+        n = manifest["ranks"]
+        own = ("" if not (algo.slots_differ or algo.replicas_differ) else
+               f"; rank r takes the per-rank state (optimizer, sma replica) of old rank r mod {n}")
+        log.say(f"warning: checkpoint written by {n} ranks, resuming on {algo.cluster.size}: "
+                f"per-rank batch sizes, shares and totals restart{own}")
+    log.truncate(int(state["trainer.metrics_bytes"]))
+    return {k[len("trainer."):]: v for k, v in state.items() if k.startswith("trainer.")}
+
+
+def _save(ckpt: Checkpointer, algo, cfg: Config, log: RunLog, rounds: int, **loop_state) -> None:
+    state = algo.state_dict()
+    state.update({f"trainer.{k}": v for k, v in loop_state.items()})
+    state["trainer.round"] = rounds
+    state["trainer.stream"] = _stream_key(cfg, algo.ctx.train)
+    state["trainer.metrics_bytes"] = log.size()  # rank 0's count is the one saved
+    path = ckpt.save(rounds, state)
+    log.say(f"checkpoint {path}")
+
+
+def _failure_hook(rank: int) -> Optional[int]:
+    """Test hook (see the module docstring): the round at which this rank must fail, if any."""
+    at, who = os.environ.get("HVD_ADAPTIVE_FAIL_AT_ROUND"), os.environ.get("HVD_ADAPTIVE_FAIL_RANK")
+    if at is None or (who is not None and int(who) != rank):
+        return None
+    return int(at)
+
+
+def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> dict:
     wall = samples = 0.0
     last_progress, last_say, rnd = 0.0, -1e9, 0
     totals = np.zeros((cluster.size, 4))  # samples, batches, compute_s, wait_s per rank
     evals: list[dict] = []
+    if resumed:
+        wall, samples, rnd = resumed["wall"], resumed["samples"], resumed["round"]
+        last_progress, evals = resumed["last_progress"], resumed["evals"]
+        if not algo.resized:  # per-rank totals of ranks that no longer exist mean nothing
+            totals = np.array(resumed["totals"], dtype=float)
+    fail_at = _failure_hook(cluster.rank)
 
     def do_eval(progress: float) -> None:
+        variables = algo.eval_model().variables_list
+        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
+            raise FloatingPointError(
+                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {rnd}); "
+                "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
         m = evaluate(algo.eval_model(), test_ds, cluster, cfg.train.eval_rows)
-        norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in algo.eval_model().variables_list)))
+        norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
         if hasattr(algo, "on_eval"):
             algo.on_eval(norm)
         rec = dict(event="eval", wall_s=round(wall, 4), epoch=round(progress, 4), samples=int(samples),
@@ -158,7 +257,13 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1) -> dict:
         log.say(f"eval  epoch {progress:6.2f} | {wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
                 f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f}")
 
+    def save() -> None:
+        _save(ckpt, algo, cfg, log, rnd, wall=wall, samples=samples, totals=totals.copy(),
+              evals=evals, last_progress=last_progress)
+
     while True:
+        if rnd == fail_at:
+            raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
         t0 = time.perf_counter()
         stats = algo.run_round()
         if stats is None:
@@ -189,11 +294,15 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1) -> dict:
         if itstime(stats.epoch, cfg.train.eval_every, last_progress) and not out_of_time:
             do_eval(stats.epoch)
         last_progress = stats.epoch
+        if ckpt.due(rnd):
+            save()
         if out_of_time:
             log.say(f"time budget of {cfg.train.time_budget_s} s reached")
             break
     if not evals or evals[-1]["epoch"] != round(last_progress, 4):
         do_eval(last_progress)
+    if ckpt.last_saved != rnd:  # the final state, so a longer run can continue from it
+        save()
     summary = _summary(cfg, cluster, algo, evals, totals, wall, samples, rates, base_p1)
     # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
     summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(algo.model))

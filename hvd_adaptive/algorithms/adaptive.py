@@ -49,6 +49,9 @@ class Adaptive(Algorithm):
     def setup(self) -> None:
         # Horovod: identical starting replicas; merges keep them identical afterwards.
         broadcast_variables(self.variables)
+        # Replicas are equal now, so a merge is a no-op that pays Horovod's first-use cost
+        # before the clock starts.
+        self.merge(1.0, float(self.cluster.size))
         if self.a.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)
@@ -81,7 +84,7 @@ class Adaptive(Algorithm):
     def train_window(self, w: Window) -> RoundStats:
         r = self.cluster.rank
         b = int(self.sizes[r])
-        epoch_now = w.epoch + w.start / w.epoch_rows
+        epoch_now = w.epoch + w.start / w.n_rows
         self.opt.lr.assign(self._lr(epoch_now, b))
         if self.counter is not None:
             self.counter.prepare(w.index)
@@ -133,3 +136,29 @@ class Adaptive(Algorithm):
     def state(self) -> dict:
         return {"batch_sizes": self.sizes.tolist(), "shares": self.p.tolist(),
                 "weights": self.weights.tolist(), "warmup": self.warm}
+
+    def state_dict(self) -> dict:
+        # Batch sizes, shares and weights come from the allgathered timings and the block
+        # momentum buffers from the merged model: identical on every rank.
+        d = {**super().state_dict(), "adaptive.sizes": self.sizes.copy(), "adaptive.p": self.p.copy(),
+             "adaptive.weights": self.weights.copy(), "adaptive.warm": bool(self.warm),
+             "adaptive.boost": bool(self.boost), "adaptive.prev_norm": self.prev_norm}
+        if self.a.merge_momentum > 0:
+            d.update({f"adaptive.anchor.{i}": x.numpy() for i, x in enumerate(self.anchor)})
+            d.update({f"adaptive.velocity.{i}": v.numpy() for i, v in enumerate(self.velocity)})
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        n = self.cluster.size
+        self.warm = bool(d["adaptive.warm"])
+        # Another rank count: every rank restarts from the common batch size, equal shares.
+        start = self.a.b_warm if self.warm else self.b_max
+        self.sizes = self.per_rank(d, "adaptive.sizes", np.full(n, start, np.int64))
+        self.p = self.per_rank(d, "adaptive.p", np.full(n, 1.0 / n))
+        self.weights = self.per_rank(d, "adaptive.weights", np.full(n, 1.0 / n))
+        self.boost, self.prev_norm = bool(d["adaptive.boost"]), d["adaptive.prev_norm"]
+        if self.a.merge_momentum > 0:
+            for i, (x, v) in enumerate(zip(self.anchor, self.velocity)):
+                x.assign(d[f"adaptive.anchor.{i}"])
+                v.assign(d[f"adaptive.velocity.{i}"])

@@ -41,6 +41,10 @@ class LocalSGD(_Averaging):
         super().__init__(ctx)
         self.merge = WeightedAllreduce(self.variables)
 
+    def setup(self) -> None:
+        super().setup()
+        self.merge(1.0, float(self.cluster.size))  # replicas are equal: a no-op that warms Horovod up
+
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
         self.merge(1.0, float(self.cluster.size))
@@ -49,6 +53,7 @@ class LocalSGD(_Averaging):
 
 class SMA(_Averaging):
     name = "sma"
+    replicas_differ = True  # replicas only move toward the central model, never onto it
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -74,6 +79,7 @@ class SMA(_Averaging):
         super().setup()
         for z, r in zip(self.z, self.variables):
             z.assign(r)
+        self._sma_merge()  # replicas equal the central model: a no-op that warms Horovod up
 
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
@@ -82,3 +88,16 @@ class SMA(_Averaging):
 
     def eval_model(self) -> SparseMLP:
         return self.central
+
+    def state_dict(self) -> dict:
+        # The central model and its momentum come from allreduced sums: equal on every rank.
+        d = super().state_dict()
+        d.update({f"sma.central.{i}": z.numpy() for i, z in enumerate(self.z)})
+        d.update({f"sma.momentum.{i}": m.numpy() for i, m in enumerate(self.prev)})
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        for i, (z, m) in enumerate(zip(self.z, self.prev)):
+            z.assign(d[f"sma.central.{i}"])
+            m.assign(d[f"sma.momentum.{i}"])

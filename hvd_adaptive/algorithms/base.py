@@ -3,6 +3,9 @@
 An algorithm trains in rounds. A round covers `train.window_samples` rows of the epoch's
 shuffled stream (fewer at the end of an epoch); for model-averaging algorithms it ends with a
 merge. `run_round` returns this rank's accounting for the round, or None when training is over.
+
+Checkpoints: `state_dict` / `load_state_dict` cover the model, the optimizer, the data position
+and the jitter RNG here; subclasses add their own state (batch sizes, central model, ...).
 """
 from __future__ import annotations
 
@@ -41,11 +44,13 @@ class Window:
     start: int
     end: int
     epoch_rows: int    # rows of this epoch (fewer in a fractional last epoch)
+    n_rows: int        # rows of a full epoch
+
 
     @property
     def progress(self) -> float:
         """Epochs completed when this window is done."""
-        return self.epoch + self.end / self.epoch_rows
+        return self.epoch + self.end / self.n_rows
 
 
 @dataclass
@@ -68,6 +73,10 @@ class Algorithm:
     """Base class: subclasses implement `train_window` and may override `eval_model`."""
 
     name = "base"
+    # Whether these can differ between ranks at the end of a round. Parts that can are
+    # checkpointed once per rank (keys "rank.*"); the rest once, from rank 0.
+    replicas_differ = False  # sma keeps its replicas apart from the central model
+    slots_differ = True      # only sync applies the same (summed) update on every rank
 
     def __init__(self, ctx: Context):
         self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
@@ -77,6 +86,8 @@ class Algorithm:
         self._rng = np.random.default_rng(1000 + ctx.cluster.rank)
         self.slowdown = float(self.cfg.hetero.slowdown.get(self.cluster.rank, 1.0))
         self._windows = self._window_stream()
+        self.windows_done = 0  # data position: windows handed out so far
+        self.resized = False   # set on resume from a checkpoint of another rank count
 
         @tf.function(input_signature=BATCH_SIGNATURE)
         def local_step(*batch):
@@ -104,11 +115,19 @@ class Algorithm:
             rows = n if epoch + 1 <= epochs else max(1, int(round((epochs - epoch) * n)))
             perm = epoch_permutation(n, self.cfg.train.seed, epoch)[:rows]
             for start in range(0, rows, s):
-                yield Window(index, epoch, perm, start, min(start + s, rows), rows)
+                yield Window(index, epoch, perm, start, min(start + s, rows), rows, n)
                 index += 1
 
     def next_window(self) -> Optional[Window]:
-        return next(self._windows, None)
+        w = next(self._windows, None)
+        self.windows_done += w is not None
+        return w
+
+    def skip_windows(self, n: int) -> None:
+        """Skips the first n windows (resume): the stream depends only on train.seed and epoch."""
+        for _ in range(n - self.windows_done):
+            if self.next_window() is None:
+                break
 
     def batch(self, rows: np.ndarray) -> tuple:
         return batch_tensors(make_batch(self.ctx.train, rows))
@@ -159,9 +178,21 @@ class Algorithm:
         """Called once after construction on every rank (collectives allowed)."""
 
     def trace(self) -> None:
-        """Traces the step functions before the clock starts, so tracing is not training time."""
+        """Traces the step functions before the clock starts, so tracing is not training time.
+
+        The first execution of a traced step is slow too (graph optimization, kernel set-up),
+        so the local step also runs once with learning rate 0 and the optimizer state put back:
+        the model is unchanged.
+        """
         for fn in self.step_functions():
             fn.get_concrete_function()
+        saved = [v.numpy() for v in self.opt.slot_variables()]
+        lr = float(self.opt.lr)
+        self.opt.lr.assign(0.0)
+        self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
+        self.opt.lr.assign(lr)
+        for v, x in zip(self.opt.slot_variables(), saved):
+            v.assign(x)
 
     def run_round(self) -> Optional[RoundStats]:
         w = self.next_window()
@@ -182,3 +213,53 @@ class Algorithm:
     def state(self) -> dict:
         """Algorithm state for the run summary (batch sizes etc.)."""
         return {}
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to continue exactly: flat str -> numpy array or JSON value.
+
+        Keys starting with "rank." may differ between ranks (saved per rank). Subclasses
+        extend the dict; call on every rank at a round's end.
+        """
+        model = {f"model.{i}": v.numpy() for i, v in enumerate(self.variables)}
+        opt = {f"opt.{i}": v.numpy() for i, v in enumerate(self.opt.slot_variables())}
+        opt["opt.lr"] = float(self.opt.lr.numpy())
+        d = {"algorithm": self.name, "ranks": self.cluster.size, "windows": self.windows_done,
+             "rank.rng": self._rng.bit_generator.state}
+        for part, differs in ((model, self.replicas_differ), (opt, self.slots_differ)):
+            d.update({("rank." + k if differs else k): v for k, v in part.items()})
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restores a state_dict (per-rank keys of old rank r mod N when the rank count changed).
+
+        Subclasses restore their part and reset arrays with one entry per rank when
+        `self.resized` (the checkpoint was written by another number of ranks).
+        """
+        if d["algorithm"] != self.name:
+            raise ValueError(f"checkpoint was written by train.algorithm={d['algorithm']}, "
+                             f"this run uses {self.name}")
+        self.resized = d["ranks"] != self.cluster.size
+        pre_m = "rank." if self.replicas_differ else ""
+        pre_o = "rank." if self.slots_differ else ""
+        for i, v in enumerate(self.variables):
+            _assign(v, d, f"{pre_m}model.{i}")
+        for i, v in enumerate(self.opt.slot_variables()):
+            _assign(v, d, f"{pre_o}opt.{i}")
+        self.opt.lr.assign(d[pre_o + "opt.lr"])
+        if not self.resized:  # the jitter stream of a rank that no longer exists means nothing
+            self._rng.bit_generator.state = d["rank.rng"]
+        self.skip_windows(int(d["windows"]))
+
+    def per_rank(self, d: dict, key: str, default: np.ndarray) -> np.ndarray:
+        """A checkpointed array with one entry per rank, or `default` after a rank-count change."""
+        return default if self.resized else np.asarray(d[key], dtype=default.dtype)
+
+
+def _assign(var: tf.Variable, d: dict, key: str) -> None:
+    value = d.get(key)
+    if value is None or tuple(np.shape(value)) != tuple(var.shape):
+        have = "missing" if value is None else f"shape {tuple(np.shape(value))}"
+        raise ValueError(f"checkpoint entry {key} is {have}, this run needs shape "
+                         f"{tuple(var.shape)}: was it written for another model or data set?")
+    var.assign(value)

@@ -22,6 +22,7 @@ from hvd_adaptive.model import BATCH_SIGNATURE
 
 class Sync(Algorithm):
     name = "sync"
+    slots_differ = False  # every rank applies the same summed gradient
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -54,6 +55,10 @@ class Sync(Algorithm):
         # Horovod: start every replica from rank 0's weights so they stay identical.
         broadcast_variables(self.variables)
         broadcast_variables(self.opt.slot_variables())
+        # Horovod sets up its collectives on first use (seconds); a step with share 0 has zero
+        # gradients and changes nothing, so that cost is paid before the clock starts.
+        rows = np.arange(min(self.cfg.train.batch_size, self.ctx.train.n_rows))
+        self._sync_step(*self.batch(rows), tf.constant(0.0, tf.float32))
 
     def _repartition(self) -> None:
         """LB-BSP: measure speeds (allgather) and split the global batch accordingly."""
@@ -94,3 +99,15 @@ class Sync(Algorithm):
 
     def state(self) -> dict:
         return {"batch_sizes": self.sizes.tolist()}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "sync.sizes": self.sizes.copy(),
+                "sync.rates": self.rates.copy(), "sync.epoch": self._epoch}
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        n = self.cluster.size
+        self.sizes = self.per_rank(d, "sync.sizes", np.full(n, self.cfg.train.batch_size, np.int64))
+        self.rates = self.per_rank(d, "sync.rates", np.ones(n))
+        # On another rank count, proportional partition re-measures at the next window.
+        self._epoch = -1 if self.resized else int(d["sync.epoch"])

@@ -1,0 +1,184 @@
+"""Checkpoints: the file format and finder (unit), then kill-and-resume on 2 real MPI ranks."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hvd_adaptive import checkpoint as ck
+from mpirun import REPO, mpi_env, mpirun, records, train
+
+
+class OneRank:
+    """The few mpi4py calls checkpoint.py makes, for a single process."""
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 1
+
+    def Barrier(self):
+        pass
+
+    def gather(self, x, root=0):
+        return [x]
+
+    def allgather(self, x):
+        return [x]
+
+    def bcast(self, x, root=0):
+        return x
+
+
+def _state(step: int) -> dict:
+    return {"w": np.full((3, 2), float(step), np.float32), "round": step, "evals": [{"p": 0.5}],
+            "rank.slot": np.arange(4.0) * step, "rank.rng": {"state": 2**70 + step}}
+
+
+def test_save_load_roundtrip_and_keep(tmp_path):
+    for step in (2, 4, 6, 8):
+        ck.save(tmp_path, step, _state(step), keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-6", "ckpt-8"]
+    path, skipped = ck.find_latest(tmp_path)
+    assert path.name == "ckpt-8" and skipped == []
+    state, manifest = ck.load(path, rank=0)
+    assert manifest["round"] == 8 and manifest["ranks"] == 1
+    np.testing.assert_array_equal(state["w"], np.full((3, 2), 8.0))
+    np.testing.assert_array_equal(state["rank.slot"], np.arange(4.0) * 8)
+    assert state["rank.rng"] == {"state": 2**70 + 8} and state["evals"] == [{"p": 0.5}]
+    # A rank beyond the writer's count takes the per-rank part of rank r mod N.
+    assert ck.load(path, rank=3)[0]["rank.slot"][1] == 8
+
+
+@pytest.mark.parametrize("damage", ["truncate_array", "delete_marker", "flip_byte", "leftover_tmp"])
+def test_damaged_newest_checkpoint_is_skipped(tmp_path, damage):
+    for step in (4, 8):
+        ck.save(tmp_path, step, _state(step), keep=3)
+    newest = tmp_path / "ckpt-8"
+    if damage == "truncate_array":
+        with open(newest / "w.npy", "r+b") as f:
+            f.truncate(60)
+    elif damage == "delete_marker":
+        (newest / ck.MARKER).unlink()
+    elif damage == "flip_byte":
+        data = bytearray((newest / "rank-0" / "slot.npy").read_bytes())
+        data[-1] ^= 0xFF
+        (newest / "rank-0" / "slot.npy").write_bytes(bytes(data))
+    else:  # a crash before the rename: only the temporary folder exists
+        os.rename(newest, tmp_path / ".tmp-ckpt-8")
+    warnings = []
+    path, skipped = ck.find_latest(tmp_path, warnings.append)
+    assert path.name == "ckpt-4"
+    if damage == "leftover_tmp":
+        assert skipped == [] and warnings == []
+    else:
+        assert skipped == [newest] and len(warnings) == 1 and "ckpt-8" in warnings[0], warnings
+    np.testing.assert_array_equal(ck.load(path)[0]["w"], np.full((3, 2), 4.0))
+
+
+def test_checkpointer_refuses_a_non_finite_model(tmp_path):
+    from hvd_adaptive.config import CheckpointConfig
+
+    c = ck.Checkpointer(tmp_path, CheckpointConfig(every=1), OneRank(), say=print)
+    c.save(1, _state(1))
+    bad = _state(2)
+    bad["rank.slot"][2] = np.nan
+    with pytest.raises(FloatingPointError, match="last good one: ckpt-1"):
+        c.save(2, bad)
+    assert ck.find_latest(tmp_path / "checkpoints")[0].name == "ckpt-1"
+
+
+# ---- real ranks ------------------------------------------------------------------------------
+SETS = ("checkpoint.every=8",)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 2-rank sync run: 40 rounds, checkpoints 24, 32 and 40 kept."""
+    run = tmp_path_factory.mktemp("ref") / "run"
+    return run, train(2, run, *SETS)
+
+
+def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:
+    """PID of one rank's python process (a child of mpirun on this node)."""
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"PPid:\t{launcher.pid}\n" not in open(f"/proc/{d}/status").read():
+                continue
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return int(d)
+    raise AssertionError(f"no process of rank {rank} under mpirun {launcher.pid}")
+
+
+def _check_continuous(run, summary):
+    rounds = [r["round"] for r in records(run, "round")]
+    assert rounds == list(range(40)), rounds  # every round once: the log was cut back on resume
+    evals = records(run, "eval")
+    assert [e["epoch"] for e in evals] == [2.0, 4.0, 6.0, 8.0, 10.0]
+    walls = [r["wall_s"] for r in records(run, "round")]
+    assert walls == sorted(walls) and summary["train_wall_s"] >= walls[-1] - 1e-3
+    assert records(run, "round")[-1]["samples"] == summary["samples"] == 10 * 2000
+    assert len(records(run, "resume")) == 1
+
+
+def test_killed_rank_ends_the_job_and_resume_matches_uninterrupted(tmp_path, reference):
+    _, ref = reference
+    run = tmp_path / "run"
+    # Slowing rank 1 (sleeps only; sync's numbers do not change) leaves time to kill it.
+    sets = ["checkpoint.every=4", "hetero.slowdown={1: 2.0}"]
+    args = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir", str(run)]
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable, *args]
+    for s in sets:
+        cmd += ["--set", s]
+    job = subprocess.Popen(cmd, env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not list((run / "checkpoints").glob(f"ckpt-*/{ck.MARKER}")):
+            assert job.poll() is None and time.time() < deadline, job.communicate()
+            time.sleep(0.02)
+        os.kill(_rank_pid(job, 1), signal.SIGKILL)
+        t_kill = time.time()
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0, out
+    assert time.time() - t_kill < 30
+    assert "rank 1" in err and "signal 9" in err, err[-2000:]
+    assert not (run / "summary.json").exists()
+
+    s = train(2, run, "checkpoint.every=4", "checkpoint.resume=auto")  # at full speed
+    np.testing.assert_allclose(s["replica_fingerprints"], ref["replica_fingerprints"], rtol=1e-6)
+    _check_continuous(run, s)
+    assert s["final"]["p_at_1"] == ref["final"]["p_at_1"]
+
+
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, reference):
+    ref_run, ref = reference
+    run = tmp_path / "run"
+    shutil.copytree(ref_run, run)
+    (run / "summary.json").unlink()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["ckpt-24", "ckpt-32", "ckpt-40"]
+    with open(run / "checkpoints" / "ckpt-40" / "model.0.npy", "r+b") as f:
+        f.truncate(1000)
+    args = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir",
+            str(run), "--resume", *[a for s in SETS for a in ("--set", s)]]
+    p = mpirun(2, args)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "warning: skipping checkpoint" in p.stdout and "ckpt-40" in p.stdout, p.stdout
+    assert "resuming from" in p.stdout and "ckpt-32" in p.stdout
+    s = json.loads((run / "summary.json").read_text())
+    np.testing.assert_allclose(s["replica_fingerprints"], ref["replica_fingerprints"], rtol=1e-6)
+    _check_continuous(run, s)
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names[:3] == ["ckpt-24", "ckpt-32", "ckpt-40"] and names[3].startswith("damaged-ckpt-40")

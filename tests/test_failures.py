@@ -1,0 +1,107 @@
+"""Fail fast, never hang: an exception on one rank, bad input files and settings, NaN loss.
+
+Each case runs the real CLI (under mpirun where ranks matter) on small files written here and
+asserts the one line that tells the user what went wrong.
+"""
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hvd_adaptive.data import preset, synthesize, write_xc
+from mpirun import REPO, mpi_env, mpirun
+
+
+def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """`hvd-adaptive train --config configs/tiny.yaml ARGS` on `ranks` ranks (1: no launcher)."""
+    argv = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", *args]
+    if ranks > 1:
+        return mpirun(ranks, argv, timeout=120, **env)
+    return subprocess.run([sys.executable, *argv], env=mpi_env(**env), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def sets(**kv) -> list[str]:
+    return [a for k, v in kv.items() for a in ("--set", f"{k.replace('__', '.')}={v}")]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Small XC files: a train/test pair, a test file with other features, a 2-row train file."""
+    d = tmp_path_factory.mktemp("data")
+    spec = dict(scale=0.1, n_train=200, n_test=50, n_labels=20, nnz_mean=10, labels_mean=2)
+    train, test = synthesize(preset("eurlex4k", n_features=300, **spec))
+    _, other = synthesize(preset("eurlex4k", n_features=250, **spec))
+    for name, ds in (("train", train), ("test", test), ("test250", other),
+                     ("two", train.subset(np.arange(2)))):
+        write_xc(d / f"{name}.txt", ds)
+    return d
+
+
+def test_exception_on_rank1_ends_the_job_fast(tmp_path):
+    """Timed from the line printed just before the training loop, so start-up under a busy
+    machine does not count; a hang would run into the 120 s timeout instead."""
+    argv = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable, "-m",
+            "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir",
+            str(tmp_path / "r")]
+    env = mpi_env(HVD_ADAPTIVE_FAIL_AT_ROUND="3", HVD_ADAPTIVE_FAIL_RANK="1")
+    job = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines = []  # (time seen, line); a thread reads so that a hang still meets the timeout
+    reader = threading.Thread(target=lambda: lines.extend((time.time(), x) for x in job.stdout))
+    reader.start()
+    try:
+        job.wait(timeout=120)
+    finally:
+        job.kill()
+        reader.join()
+    t_end = time.time()
+    out = "".join(x for _, x in lines)
+    t_loop = next((t for t, x in lines if "standalone rows/s" in x), None)
+    assert t_loop is not None and job.returncode != 0, out[-2000:]
+    assert t_end - t_loop < 30, f"took {t_end - t_loop:.0f} s after training started"
+    assert "[rank 1] error: RuntimeError: injected failure at round 3" in out, out[-2000:]
+
+
+def test_missing_data_file_is_named(tmp_path, files):
+    p = cli(["--run-dir", str(tmp_path / "r")]
+            + sets(data__train=tmp_path / "nope.txt", data__test=files / "test.txt"))
+    assert p.returncode != 0
+    assert f"{tmp_path / 'nope.txt'}: data file not found (data.train)" in p.stderr, p.stderr[-2000:]
+
+
+def test_test_file_with_other_feature_count(tmp_path, files):
+    p = cli(["--run-dir", str(tmp_path / "r")]
+            + sets(data__train=files / "train.txt", data__test=files / "test250.txt"), ranks=1)
+    assert p.returncode == 2
+    assert (f"{files / 'test250.txt'}:1: header says n_features=250 but 300 was expected"
+            in p.stderr), p.stderr[-2000:]
+
+
+def test_more_ranks_than_rows(tmp_path, files):
+    p = cli(["--run-dir", str(tmp_path / "r")]
+            + sets(data__train=files / "two.txt", data__test=files / "test.txt"), ranks=3)
+    assert p.returncode != 0
+    assert f"{files / 'two.txt'}: only 2 training rows for 3 ranks" in p.stderr, p.stderr[-2000:]
+
+
+def test_batch_larger_than_data(tmp_path, files):
+    p = cli(["--run-dir", str(tmp_path / "r")] + sets(
+        data__train=files / "train.txt", data__test=files / "test.txt", train__batch_size=500),
+        ranks=1)
+    assert p.returncode == 2
+    assert "train.batch_size: 500 is larger than the 200 training rows" in p.stderr, p.stderr
+
+
+def test_nan_loss_stops_with_a_clear_message_and_no_bad_checkpoint(tmp_path):
+    run = tmp_path / "r"
+    p = cli(["--run-dir", str(run)] + sets(optim__lr="1.0e+30", checkpoint__every=1))
+    assert p.returncode != 0
+    assert "FloatingPointError: loss became" in p.stderr and "lower optim.lr" in p.stderr, p.stderr
+    from hvd_adaptive import checkpoint as ck
+
+    for c in (run / "checkpoints").glob("ckpt-*"):  # whatever was written is finite
+        assert ck.all_finite(ck.load(c)[0])
