@@ -15,6 +15,10 @@ def build(ctx: Context) -> Algorithm:
         from hvd_adaptive.algorithms.averaging import SMA as cls
     elif name == "adaptive":
         from hvd_adaptive.algorithms.adaptive import Adaptive as cls
+    elif name == "hogbatch":
+        from hvd_adaptive.algorithms.hogbatch import Hogbatch as cls
+    elif name == "adaptive_hogbatch":
+        from hvd_adaptive.algorithms.hogbatch import AdaptiveHogbatch as cls
     else:
         raise ValueError(f"train.algorithm: {name!r} is not implemented yet")
     return cls(ctx)

@@ -1,0 +1,408 @@
+"""CPU+GPU Hogbatch and Adaptive Hogbatch: asynchronous training on workers of mixed speed.
+
+Design (details, measurements and how to run: docs/hogbatch.md):
+- The model lives in one node's shared memory: an MPI window (Allocate_shared on the node
+  communicator) holds every variable as a float32 numpy array, plus a per-worker table (update
+  counts, rates, batch sizes) in which each worker writes only its own row.
+- Each worker (one per rank; CPU workers, ``hogbatch.cpu_ranks``, take small batches, GPU
+  workers large ones) repeats: claim its next batch from one global stream (the shared counter
+  over the epoch's permutation: every row once per epoch), copy the shared values the batch
+  needs into its tf.Variables, compute the update with its own optimizer, and add the update to
+  the shared arrays without locks (Hogwild with batches).
+- adaptive_hogbatch: every ``hogbatch.adjust_every`` updates a worker publishes its update rate
+  and, once every other worker has published since its last decision, resizes its batch with
+  `adapt_batch` so that update counts balance; ``hogbatch.threshold`` is the dead band.
+
+Synchronization: none between updates. A round covers ``hogbatch.round_epochs`` of the stream
+(default: train.eval_every; never across an epoch) and ends with a barrier, a copy of the shared
+model into every rank's replica, and a second barrier, so evaluation (between rounds) sees one
+model on every rank. Those two barriers are the only synchronization.
+
+Consistency: lost updates (two workers read-modify-write the same element at once) and stale
+reads (a worker computes on values others have since changed) are part of the algorithm. Torn
+reads, a worker copying a row while another writes it, give a mix of old and new elements: each
+aligned float32 element is stored whole (x86 never splits an aligned 4-byte store), so every
+value read is a float some worker wrote, never garbage. A NaN guard drops any update whose loss
+or values are not finite before it reaches the shared arrays, and counts it.
+
+Only one node is supported: a job spanning several nodes fails at start with a clear message.
+Future work: keep the model in one-sided MPI windows on a model-holding rank (Get/Accumulate).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
+from hvd_adaptive.config import Config
+from hvd_adaptive.data import make_batch
+from hvd_adaptive.distributed import SharedCounter
+from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
+
+# Columns of the per-worker table in shared memory (float64; row i is written only by rank i).
+UPDATES, SAMPLES, BUSY_S, BATCH, RATE, SEQ, SKIPPED = range(7)
+_COLUMNS = 7
+_ALIGN = 64  # cache-line alignment of every array in the window
+
+
+# ---- pure policy and set-up rules (unit-tested in tests/test_hogbatch.py) ----------------------
+def adapt_batch(b: int, rates: np.ndarray, me: int, threshold: float, b_min: int, b_max: int,
+                adjusting: bool = False) -> tuple[int, bool]:
+    """Adaptive Hogbatch's rule: resize a worker's batch so that update rates balance.
+
+    A worker whose update rate is above the mean of all published rates by more than
+    `threshold` (relative) grows its batch, one below shrinks it, by the factor rate / mean.
+    An update's cost grows with the batch, so if every worker applies this at once with rates
+    proportional to 1 / b, all rates become the mean in one step. Fixed per-update costs make
+    one step fall short, so a worker that started resizing keeps on until it is within half the
+    threshold (hysteresis: it settles near the mean, not at the band's edge). Inside the band the
+    batch is kept: a larger threshold keeps large, efficient batches (utilization), a smaller
+    one balances update counts more tightly.
+
+    Args:
+        b: This worker's current batch size.
+        rates: Published update rates of all workers (updates per second; 0 = not yet known).
+        me: This worker's index in `rates`.
+        threshold: Relative dead band around the mean rate.
+        b_min: Smallest batch allowed.
+        b_max: Largest batch allowed.
+        adjusting: Whether this worker resized at its previous decision (from the last call).
+
+    Returns:
+        (new batch size within [b_min, b_max], whether this worker is resizing); the batch is
+        kept while fewer than two rates are known.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    known = r > 0
+    if not known[me] or known.sum() < 2:
+        return b, adjusting
+    rel = r[me] / r[known].mean()
+    if abs(rel - 1.0) <= (threshold / 2 if adjusting else threshold):
+        return b, False
+    new = int(round(b * rel))
+    if new == b:  # outside the band always moves, even when rounding would not
+        new = b + (1 if rel > 1 else -1)
+    return int(np.clip(new, b_min, b_max)), True
+
+
+def update_shares(updates: np.ndarray, cpu_ranks: list[int]) -> tuple[np.ndarray, Optional[float]]:
+    """Each worker's share of the updates, and the CPU workers' total share (None without any)."""
+    u = np.asarray(updates, dtype=np.float64)
+    total = u.sum()
+    shares = u / total if total > 0 else np.zeros(len(u))
+    cpu = float(shares[list(cpu_ranks)].sum()) if cpu_ranks else None
+    return shares, cpu
+
+
+def worker_batch(cfg: Config, rank: int) -> tuple[str, int, int, int]:
+    """A worker's kind ("cpu" or "gpu"), starting batch and adaptive bounds (b_min, b_max)."""
+    h = cfg.hogbatch
+    gpu = h.gpu_batch or cfg.train.batch_size
+    b_max = h.b_max or 8 * gpu
+    b_min = min(h.b_min, b_max)
+    kind = "cpu" if rank in h.cpu_ranks else "gpu"
+    start = h.cpu_batch if kind == "cpu" else gpu
+    return kind, start, b_min, b_max
+
+
+def worker_threads(cfg: Config, rank: int) -> Optional[int]:
+    """TensorFlow threads of a rank: hogbatch.cpu_threads on CPU workers, else train.threads."""
+    cpu = cfg.train.algorithm in ("hogbatch", "adaptive_hogbatch") and rank in cfg.hogbatch.cpu_ranks
+    return cfg.hogbatch.cpu_threads or cfg.train.threads if cpu else cfg.train.threads
+
+
+def require_one_node(node_size: int, world_size: int) -> None:
+    """Fails clearly when the ranks do not all share one node's memory."""
+    if node_size != world_size:
+        raise RuntimeError(
+            f"hogbatch keeps the shared model in one node's memory, but only {node_size} of the "
+            f"{world_size} ranks share this node: run hogbatch/adaptive_hogbatch on one node "
+            "(multi-node Hogbatch through one-sided MPI on a model-holding rank is future work)")
+
+
+# ---- the shared model ---------------------------------------------------------------------------
+class SharedModel:
+    """The model's variables and the per-worker table in one node-shared MPI window.
+
+    Args:
+        comm: Communicator of all ranks (they must share one node).
+        shapes: Shapes of the model's variables, in `SparseMLP.variables_list` order.
+        n_workers: Rows of the per-worker table.
+    """
+
+    def __init__(self, comm, shapes: list[tuple[int, ...]], n_workers: int):
+        from mpi4py import MPI
+
+        self.comm = comm
+        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        require_one_node(self.node.Get_size(), comm.Get_size())
+        sizes = [n_workers * _COLUMNS * 8] + [int(np.prod(s)) * 4 for s in shapes]
+        offsets = np.concatenate([[0], np.cumsum([-(-n // _ALIGN) * _ALIGN for n in sizes])])
+        nbytes = int(offsets[-1]) if self.node.Get_rank() == 0 else 0
+        # Node rank 0 holds the memory; every rank maps it and addresses it from rank 0's base.
+        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
+        buf, _ = self.win.Shared_query(0)
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        self.table = raw[offsets[0]:offsets[0] + sizes[0]].view(np.float64).reshape(n_workers, _COLUMNS)
+        self.params = [raw[o:o + n].view(np.float32).reshape(s)
+                       for o, n, s in zip(offsets[1:], sizes[1:], shapes)]
+        # MPI-3 unified model: one passive epoch for the whole run; load/store from here on,
+        # with Sync() as the memory barrier at round ends.
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+
+    def initialize(self, variables: list[tf.Variable]) -> None:
+        """Node rank 0 writes its starting values and zeroes the table (collective)."""
+        if self.node.Get_rank() == 0:
+            for a, v in zip(self.params, variables):
+                a[...] = v.numpy()
+            self.table[...] = 0.0
+        self.fence()
+
+    def fence(self) -> None:
+        """Memory barrier plus barrier: every store before it is seen by every load after it."""
+        self.win.Sync()
+        self.node.Barrier()
+        self.win.Sync()
+
+    def copy_into(self, variables: list[tf.Variable]) -> None:
+        """Copies every shared array into the local variables (a private copy: TensorFlow may
+        alias an aligned numpy buffer, and a variable must never alias shared memory)."""
+        for a, v in zip(self.params, variables):
+            v.assign(a.copy())
+
+
+# ---- the algorithms -----------------------------------------------------------------------------
+class Hogbatch(Algorithm):
+    """CPU+GPU Hogbatch: lock-free batch updates of one shared model, no barrier between them."""
+
+    name = "hogbatch"
+    adaptive = False
+
+    def __init__(self, ctx):
+        cfg, cluster = ctx.cfg, ctx.cluster
+        self.kind, self.b, self.b_min, self.b_max = worker_batch(cfg, cluster.rank)
+        self.worker_device = "/CPU:0" if self.kind == "cpu" else cluster.device
+        if self.worker_device != cluster.device:
+            # A CPU worker on a GPU node computes on the host: its replica lives there.
+            # Untested here (no GPU on these machines).
+            with tf.device(self.worker_device):
+                model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model)
+                ctx = dataclasses.replace(ctx, model=model, opt=Optimizer(model.variables_list, cfg.optim))
+        super().__init__(ctx)
+        h = cfg.hogbatch
+        bad = [r for r in h.cpu_ranks if r >= cluster.size]
+        if bad:
+            raise ValueError(f"hogbatch.cpu_ranks: {bad} not below the {cluster.size} ranks of this job")
+        want = worker_threads(cfg, cluster.rank)
+        if want is not None and want != cluster.threads:
+            # Thread pools are sized in distributed.init, before any algorithm exists.
+            print(f"[rank {cluster.rank}] warning: hogbatch.cpu_threads={want} is not applied: "
+                  f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)
+        self.h = h
+        self.round_rows = max(1, int(round((h.round_epochs or cfg.train.eval_every) * ctx.train.n_rows)))
+        self.shared = SharedModel(cluster.comm, [tuple(v.shape) for v in self.variables], cluster.size)
+        self.counter = SharedCounter(cluster.comm)
+        self.mine = self.shared.table[cluster.rank]
+        self.round = 0
+        self._round_start_updates = np.zeros(cluster.size)
+        self._period = [0, 0.0]  # updates and seconds since the rate was last published
+        self._seen = np.zeros(cluster.size)  # others' publication counts at our last resize
+        self._adjusting = False
+
+        w1, dense = self.variables[0], self.variables[1:]
+        pulled = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *w1.shape[1:]], tf.float32),
+                  *[tf.TensorSpec(v.shape, tf.float32) for v in dense])
+
+        @tf.function(input_signature=(*BATCH_SIGNATURE, *pulled))
+        def hog_step(*args):
+            batch, (rows, w1_rows, *values) = args[:len(BATCH_SIGNATURE)], args[len(BATCH_SIGNATURE):]
+            with tf.device(self.worker_device):
+                # Pull: only the input-layer rows in the batch affect its gradient.
+                w1.scatter_update(tf.IndexedSlices(w1_rows, rows))
+                for v, x in zip(dense, values):
+                    v.assign(x)
+                with tf.GradientTape() as tape:
+                    loss = self.model.loss(*batch, training=True)
+                grads = tape.gradient(loss, self.variables)
+                # The update is what this worker's optimizer does to its replica (automatic
+                # control dependencies keep pull, apply and the reads after it in order).
+                self.opt.apply(grads, self.variables)
+                d_rows = tf.gather(w1, rows) - w1_rows
+                deltas = [v - x for v, x in zip(dense, values)]
+                # One non-finite element makes its sum non-finite: a cheap complete NaN guard.
+                total = loss + tf.add_n([tf.reduce_sum(d) for d in [d_rows, *deltas]])
+                return loss, tf.math.is_finite(total), d_rows, deltas
+
+        self._hog_step = hog_step
+
+    def step_functions(self) -> list:
+        return [self._hog_step, self._grad_only]
+
+    def setup(self) -> None:
+        self.shared.initialize(self.variables)
+        self._set_batch(self.b)
+
+    def _set_batch(self, b: int) -> None:
+        # Every update uses optim.lr whatever its batch: scaling it with the batch (sqrt or
+        # linear) did not learn faster in our runs (docs/hogbatch.md).
+        self.b = b
+        self.mine[BATCH] = b
+
+    def trace(self) -> None:
+        """Traces, then runs the update once: a function's first run also optimizes its graph
+        (about a second), which must not count as training. Its effects are undone."""
+        super().trace()
+        keep = [*self.variables, *self.opt.slot_variables()]
+        saved = [v.numpy().copy() for v in keep]
+        b = make_batch(self.ctx.train, np.arange(min(self.b, self.ctx.train.n_rows)))
+        ids = np.unique(b.feat_ids)
+        self._hog_step(*batch_tensors(b), tf.constant(ids), tf.gather(self.variables[0], ids),
+                       *[tf.identity(v) for v in self.variables[1:]])
+        for v, x in zip(keep, saved):
+            v.assign(x)
+
+    # ---- one update ----------------------------------------------------------------------
+    def _update(self, rows: np.ndarray, stats: RoundStats) -> None:
+        """Pull what the batch needs, compute this worker's update, push it without locks."""
+        batch = make_batch(self.ctx.train, rows)
+        ids = np.unique(batch.feat_ids)
+        tensors = batch_tensors(batch)
+        t0 = time.perf_counter()
+        w1s, dense_s = self.shared.params[0], self.shared.params[1:]
+        # Private copies: TensorFlow may alias an aligned numpy buffer, and no tensor or
+        # variable may alias the shared memory.
+        loss, ok, d_rows, deltas = self._hog_step(*tensors, tf.constant(ids), tf.constant(w1s[ids]),
+                                                  *[tf.constant(a.copy()) for a in dense_s])
+        if bool(ok):
+            w1s[ids] += d_rows.numpy()  # ids are unique, so a fancy-index add is one add per row
+            for a, d in zip(dense_s, deltas):
+                np.add(a, d.numpy(), out=a)
+        else:
+            self.mine[SKIPPED] += 1
+        self.simulate_slowdown(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        stats.compute_s += dt
+        stats.batches += 1
+        stats.samples += len(rows)
+        stats.loss_sum += float(loss) * len(rows)
+        m = self.mine
+        m[UPDATES] += 1
+        m[SAMPLES] += len(rows)
+        m[BUSY_S] += dt
+
+    def _after_update(self, seconds: float) -> None:
+        """Publishes the update rate every adjust_every updates; adaptive resizes the batch."""
+        self._period[0] += 1
+        self._period[1] += seconds
+        if self._period[0] < self.h.adjust_every:
+            return
+        m, table, me = self.mine, self.shared.table, self.cluster.rank
+        m[RATE] = self._period[0] / max(self._period[1], 1e-9)
+        m[SEQ] += 1
+        self._period = [0, 0.0]
+        if not self.adaptive:
+            return
+        seq = table[:, SEQ].copy()
+        others = np.arange(len(seq)) != me
+        # Resize only on fresh news from every other worker, so a fast worker does not chase a
+        # slow worker's stale rate with several resizes in a row.
+        if np.all(seq[others] > self._seen[others]):
+            self._seen = seq
+            b, self._adjusting = adapt_batch(self.b, table[:, RATE].copy(), me, self.h.threshold,
+                                             self.b_min, self.b_max, self._adjusting)
+            if b != self.b:
+                self._set_batch(b)
+
+    # ---- one round -----------------------------------------------------------------------
+    def _next_span(self) -> Optional[tuple[Window, Window]]:
+        """Joins the base stream's windows into one claim range of about round_rows rows."""
+        first = last = self.next_window()
+        if first is None:
+            return None
+        while last.end - first.start < self.round_rows and last.end < last.epoch_rows:
+            w = self.next_window()
+            if w is None:
+                break
+            last = w
+        return first, last
+
+    def run_round(self) -> Optional[RoundStats]:
+        span = self._next_span()
+        if span is None:
+            return None
+        first, last = span
+        t_round = time.perf_counter()
+        self.counter.prepare(self.round)
+        budget = last.end - first.start
+        stats = RoundStats(epoch=last.progress, batch_size=self.b, lr=float(self.opt.lr))
+        while True:
+            t0 = time.perf_counter()
+            off = self.counter.fetch_add(self.round, self.b)
+            if off >= budget:
+                break
+            self._update(first.perm[first.start + off: first.start + min(off + self.b, budget)], stats)
+            self._after_update(time.perf_counter() - t0)
+        # Round end, the only synchronization: all updates land, every replica takes the same
+        # snapshot, and nobody writes again before everybody has it (evaluation sees one model).
+        self.shared.fence()
+        self.shared.copy_into(self.variables)
+        self.shared.fence()
+        self.round += 1
+        stats.wait_s = max(time.perf_counter() - t_round - stats.compute_s, 0.0)
+        stats.batch_size, stats.lr = self.b, float(self.opt.lr)
+        updates = self.shared.table[:, UPDATES].copy()
+        shares, cpu_share = update_shares(updates - self._round_start_updates, self.h.cpu_ranks)
+        self._round_start_updates = updates
+        stats.extra.update(kind=self.kind, update_share=round(float(shares[self.cluster.rank]), 4),
+                           cpu_update_share=None if cpu_share is None else round(cpu_share, 4),
+                           skipped_total=int(self.mine[SKIPPED]))
+        return stats
+
+    def eval_model(self) -> SparseMLP:
+        """The replica, which holds the shared model's snapshot from the last round end."""
+        return self.model
+
+    def state(self) -> dict:
+        t = self.shared.table.copy()
+        shares, cpu_share = update_shares(t[:, UPDATES], self.h.cpu_ranks)
+        cols = (("batch_sizes", BATCH), ("updates", UPDATES), ("samples", SAMPLES),
+                ("skipped_nonfinite", SKIPPED))
+        return {"kinds": ["cpu" if r in self.h.cpu_ranks else "gpu" for r in range(len(t))],
+                **{k: t[:, c].astype(int).tolist() for k, c in cols},
+                "busy_s": np.round(t[:, BUSY_S], 3).tolist(),
+                "update_rates": np.round(t[:, RATE], 3).tolist(),
+                "update_shares": np.round(shares, 4).tolist(),
+                "cpu_update_share": None if cpu_share is None else round(cpu_share, 4)}
+
+    # ---- checkpoints (taken between rounds, when every replica holds the shared snapshot) ----
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "hogbatch.round": self.round,
+                "hogbatch.table": self.shared.table.copy()}
+
+    def load_state_dict(self, d: dict) -> None:
+        """Restores the replica (base class), then makes it the shared model again (collective)."""
+        super().load_state_dict(d)
+        self.round = int(d["hogbatch.round"])
+        table = self.per_rank(d, "hogbatch.table", np.zeros_like(self.shared.table))
+        self.shared.initialize(self.variables)
+        if self.shared.node.Get_rank() == 0:
+            self.shared.table[...] = table
+        self.shared.fence()
+        self._set_batch(self.b if self.resized else int(self.mine[BATCH]))
+        self._round_start_updates = self.shared.table[:, UPDATES].copy()
+
+
+class AdaptiveHogbatch(Hogbatch):
+    """Adaptive Hogbatch: batch sizes follow the workers' relative speed so updates balance."""
+
+    name = "adaptive_hogbatch"
+    adaptive = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.b = int(np.clip(self.b, self.b_min, self.b_max))
