@@ -3,13 +3,15 @@
 Usage:
   bash launch/bench.sh                                  # the recorded benchmark (docs/benchmark.md)
   python -m hvd_adaptive.bench --config configs/bench.yaml --ranks 2 --slowdown 2.0 \
-      --algorithms sync sync_prop local sma adaptive --out runs/bench
+      --algorithms sync sync_prop local sma adaptive hogbatch adaptive_hogbatch --out runs/bench
 
 Each contender is a separate `mpirun -np N hvd-adaptive train` run into its own folder, one after
 the other, so they share the machine's state as fairly as a shared machine allows. The table
 gives time to a target P@1 (training seconds, evaluation excluded), P@1 reached within a fixed
 time budget, cluster efficiency, and the time-to-target ratio of `sync` over each algorithm
-(> 1: faster than sync). `--repeats` runs everything several times and reports medians.
+(> 1: faster than sync), and for hogbatch the share of updates made by the CPU worker (in the
+slowed scenario the slowed rank stands in for the CPU). `--repeats` runs everything several
+times and reports medians.
 A second part times the merge: the weighted allreduce against a plain Horovod allreduce of the
 same tensors.
 """
@@ -79,7 +81,7 @@ def table(results: dict, target: float, budget: float) -> str:
         lines.append(f"\n{scenario}  (target P@1 {target:.3f}, budget {budget:.0f} s; medians over "
                      f"{max(len(v) for v in algos.values())} repeat(s))")
         lines.append(f"{'algorithm':<18} {'t->target s':>11} {'P@1@budget':>10} {'final P@1':>9} "
-                     f"{'train s':>8} {'effic.':>6} {'sync/this':>9}")
+                     f"{'train s':>8} {'effic.':>6} {'sync/this':>9} {'CPU upd.':>8}")
         ref = _median([time_to(r["evals"], target) for r in algos.get("sync", [])])
         for name, runs in algos.items():
             tt = _median([time_to(r["evals"], target) for r in runs])
@@ -88,8 +90,10 @@ def table(results: dict, target: float, budget: float) -> str:
             wall = _median([r["summary"]["train_wall_s"] for r in runs])
             eff = _median([r["summary"]["efficiency"] for r in runs])
             ratio = f"{ref / tt:9.2f}" if tt and ref else f"{'-':>9}"
+            share = _median([r["summary"]["algorithm_state"].get("cpu_update_share") for r in runs])
+            share = f"{share:8.2f}" if share is not None else f"{'-':>8}"
             lines.append(f"{name:<18} {tt if tt is None else round(tt, 1)!s:>11} {pb:10.4f} {fin:9.4f} "
-                         f"{wall:8.1f} {eff:6.2f} {ratio}")
+                         f"{wall:8.1f} {eff:6.2f} {ratio} {share}")
     return "\n".join(lines)
 
 
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="configs/bench.yaml")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--slowdown", type=float, default=2.0, help="factor of the slowed rank (last rank)")
-    ap.add_argument("--algorithms", nargs="+", default=["sync", "sync_prop", "local", "sma", "adaptive"],
+    ap.add_argument("--algorithms", nargs="+", default=list(CONTENDERS),
                     choices=sorted(CONTENDERS))
     ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=["even", "slowed"])
     ap.add_argument("--target", type=float, default=None,
@@ -130,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             label = "no slowdown" if scen == "even" else f"rank {a.ranks - 1} slowed {a.slowdown}x"
             for name in a.algorithms:
                 sets = CONTENDERS[name] + a.set + (slow if scen == "slowed" else [])
+                if scen == "slowed" and "hogbatch" in name:
+                    # the slowed rank stands in for the CPU worker (small batches), as in the paper
+                    sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 run_dir = out / f"{scen}-{name}-r{rep}"
                 print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
                       flush=True)

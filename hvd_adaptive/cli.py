@@ -32,7 +32,10 @@ def run_training(cfg, run_dir: str | None) -> int:
     """Initializes the ranks, trains, shuts down; any rank's failure ends the whole job."""
     from hvd_adaptive import distributed, trainer
 
-    cluster = distributed.init(cfg.train.threads)
+    from hvd_adaptive.algorithms.hogbatch import worker_threads
+
+    # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
+    cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
     with distributed.fail_fast(cluster):
         # Every rank must write to the same folder: rank 0 names it, the others receive it.
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -12,7 +12,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -50,12 +50,15 @@ def _pick_gpu(tf, local_rank: int) -> Optional[str]:
     return "/GPU:0"
 
 
-def init(threads: Optional[int] = None) -> Cluster:
+def init(threads: Optional[int] = None,
+         threads_for: Optional[Callable[[int], Optional[int]]] = None) -> Cluster:
     """Initializes MPI (mpi4py), Horovod and TensorFlow's devices for this rank.
 
     Args:
         threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
             so ranks sharing a node do not oversubscribe it.
+        threads_for: rank -> threads (or None for the default); wins over `threads`. Lets CPU
+            workers of a mixed job run another thread count than the others.
     """
     import mpi4py
 
@@ -67,6 +70,8 @@ def init(threads: Optional[int] = None) -> Cluster:
     import horovod.tensorflow as hvd
 
     hvd.init()  # adopts the MPI world mpi4py initialized
+    if threads_for is not None:
+        threads = threads_for(hvd.rank())
     comm = MPI.COMM_WORLD
     if hvd.size() != comm.Get_size():
         raise RuntimeError(

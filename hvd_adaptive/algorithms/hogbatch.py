@@ -200,7 +200,8 @@ class Hogbatch(Algorithm):
             raise ValueError(f"hogbatch.cpu_ranks: {bad} not below the {cluster.size} ranks of this job")
         want = worker_threads(cfg, cluster.rank)
         if want is not None and want != cluster.threads:
-            # Thread pools are sized in distributed.init, before any algorithm exists.
+            # Thread pools are sized in distributed.init (cli passes worker_threads to it);
+            # a caller that did not cannot change them any more.
             print(f"[rank {cluster.rank}] warning: hogbatch.cpu_threads={want} is not applied: "
                   f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)
         self.h = h
