@@ -2,7 +2,17 @@
 import numpy as np
 import pytest
 
+from hvd_adaptive.algorithms.base import chunks
 from mpirun import mpirun, records, train
+
+
+@pytest.mark.parametrize("total, size", [(10, 4), (9, 4), (8, 4), (3, 4), (0, 4), (1617, 512), (1, 1)])
+def test_chunks_cover_every_row_once_without_tiny_tails(total, size):
+    parts = chunks(total, size)
+    assert [x for lo, hi in parts for x in range(lo, hi)] == list(range(total))
+    if len(parts) > 1:
+        assert all(hi - lo >= size / 2 for lo, hi in parts)
+        assert all(hi - lo < 1.5 * size for lo, hi in parts)
 
 
 @pytest.mark.parametrize("name, sets", [

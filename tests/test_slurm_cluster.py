@@ -10,36 +10,19 @@ About 25 s: bring-up takes about a second, each job a few seconds (sbatch polls 
 from __future__ import annotations
 
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster, slurm_available
+from slurm_cluster import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 JOB_TIMEOUT = 120
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if not slurm_available():
-        # A missing cluster is a set-up error to fix, never a reason to pass quietly.
-        pytest.fail("Slurm, munge or root is missing: run `bash launch/setup.sh --slurm` as root",
-                    pytrace=False)
-    # Not pytest's tmp_path: its 0700 parent keeps out munged and slurmctld, which drop root.
-    workdir = Path(tempfile.mkdtemp(prefix="hvd-slurm-"))
-    try:
-        with SlurmCluster(workdir, cpus=2) as running:
-            yield running
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _explain(cluster: SlurmCluster, result, out: Path | None = None) -> str:

@@ -12,33 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster, slurm_available
+from slurm_cluster import SlurmCluster
 from mpirun import REPO
 
 pytestmark = pytest.mark.slurm
 
 JOB_TIMEOUT = 240
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    if not slurm_available():
-        # A missing cluster is a set-up error to fix, never a reason to pass quietly.
-        pytest.fail("Slurm, munge or root is missing: run `bash launch/setup.sh --slurm` as root",
-                    pytrace=False)
-    # Not pytest's tmp_path: its 0700 parent keeps out munged and slurmctld, which drop root.
-    workdir = Path(tempfile.mkdtemp(prefix="hvd-slurm-jobs-"))
-    try:
-        with SlurmCluster(workdir, cpus=2) as running:
-            yield running
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _venv_args() -> list[str]:

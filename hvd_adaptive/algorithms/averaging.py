@@ -9,11 +9,10 @@ differ in the merge at the round's end.
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.balance import split_evenly
 from hvd_adaptive.distributed import WeightedAllreduce, broadcast_variables
 from hvd_adaptive.model import SparseMLP
@@ -29,8 +28,8 @@ class _Averaging(Algorithm):
         off = split_evenly(w.end - w.start, n)
         mine = w.perm[w.start + off[r]: w.start + off[r + 1]]
         stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr), weight=1.0 / n)
-        for i in range(0, len(mine), b):
-            self.local_step(mine[i:i + b], stats)
+        for lo, hi in chunks(len(mine), b):
+            self.local_step(mine[lo:hi], stats)
         return stats
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
-from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.balance import proportional_partition
 from hvd_adaptive.distributed import allgather, broadcast_variables
 from hvd_adaptive.model import BATCH_SIGNATURE
@@ -72,13 +72,13 @@ class Sync(Algorithm):
             self._epoch = w.epoch
         r = self.cluster.rank
         stats = RoundStats(epoch=w.progress, batch_size=int(self.sizes[r]), lr=float(self.opt.lr))
-        pos, step_total = w.start, int(self.sizes.sum())
+        step_total = int(self.sizes.sum())
         t_busy = 0.0
-        while pos < w.end:
-            take = min(step_total, w.end - pos)
-            sizes = self.sizes if take == step_total else np.floor(
+        for lo, hi in chunks(w.end - w.start, step_total):
+            pos, take = w.start + lo, hi - lo
+            sizes = self.sizes.copy() if take == step_total else np.floor(
                 self.sizes * take / step_total).astype(np.int64)
-            sizes[-1] += take - sizes.sum()  # a short last step still covers every row
+            sizes[-1] += take - sizes.sum()  # every row of the window is covered
             off = np.concatenate([[0], np.cumsum(sizes)])
             rows = w.perm[pos + off[r]: pos + off[r + 1]]
             batch = self.batch(rows)
@@ -92,7 +92,6 @@ class Sync(Algorithm):
             stats.batches += 1
             stats.samples += len(rows)
             stats.loss_sum += loss * len(rows)
-            pos += take
         stats.compute_s = t_busy
         stats.weight = float(self.sizes[r] / step_total)
         return stats
