@@ -183,7 +183,7 @@ def plot(runs: list[Run], out: str | Path, target: Optional[float]) -> Path:
     matplotlib.use("Agg")  # files only: no display on cluster nodes
     import matplotlib.pyplot as plt
 
-    fig, (acc, bs, wt) = plt.subplots(3, 1, figsize=(9, 10), sharex=True,
+    fig, (acc, bs, wt) = plt.subplots(3, 1, figsize=(11, 10), sharex=True,
                                       gridspec_kw={"height_ratios": [2, 1, 1]})
     styles = ["-", "--", ":", "-."]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -211,13 +211,14 @@ def plot(runs: list[Run], out: str | Path, target: Optional[float]) -> Path:
     wt.set_xlabel("training wall time (s)")
     for ax in (acc, bs, wt):
         ax.grid(alpha=0.3)
-    acc.legend(fontsize=8)
-    if len(runs) * max((len(rec["ranks"]) for r in runs for rec in r.rounds), default=0) <= 12:
-        bs.legend(fontsize=7, ncol=2)
+    # Legends outside the axes, so many runs never hide the curves.
+    acc.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if len(runs) * max((len(rec["ranks"]) for r in runs for rec in r.rounds), default=0) <= 16:
+        bs.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=100)
+    fig.savefig(out, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
     return out
 

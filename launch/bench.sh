@@ -2,7 +2,7 @@
 # The side-by-side benchmark recorded in docs/benchmark.md: sync, sync+proportional, local, sma,
 # adaptive, hogbatch and adaptive_hogbatch on the same data and seed, with and without a 2x
 # slowed rank, then the merge cost. Prints the table; writes runs/bench/bench.txt and
-# runs/bench/report.png.
+# runs/bench/report-even.png and report-slowed.png.
 #   bash launch/bench.sh                          # about 12 minutes a repeat on 2 cores
 #   REPEATS=3 bash launch/bench.sh --algorithms sync adaptive
 set -euo pipefail
@@ -12,4 +12,7 @@ OUT=${OUT:-runs/bench}
 cd "$REPO"
 "$VENV/bin/python" -m hvd_adaptive.bench --config "${CONFIG:-configs/bench.yaml}" \
   --repeats "${REPEATS:-1}" --out "$OUT" "$@"
-"$VENV/bin/hvd-adaptive" report "$OUT"/*/ --out "$OUT/report.png"
+# One figure per scenario, first repeat only (all repeats would bury the curves).
+for scen in even slowed; do
+  "$VENV/bin/hvd-adaptive" report "$OUT"/$scen-*-r0/ --out "$OUT/report-$scen.png"
+done
