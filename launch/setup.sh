@@ -104,7 +104,9 @@ if ! "$PY" -c "import horovod.tensorflow" >/dev/null 2>&1; then
 fi
 
 # --- this project --------------------------------------------------------------------------
-"$PY" -m pip install -q --no-deps --no-build-isolation -e "$REPO"
+# (setuptools' editable-install chatter goes to a log, shown only if the install fails)
+"$PY" -m pip install -q --no-deps --no-build-isolation -e "$REPO" > "$VENV/.hvd_adaptive-install.log" 2>&1 \
+  || { cat "$VENV/.hvd_adaptive-install.log"; echo "[setup] installing hvd_adaptive failed" >&2; exit 1; }
 
 "$PY" - <<'PYEOF'
 import os
