@@ -34,21 +34,38 @@ def test_dynamic_scheduling_uses_every_row_once_and_favours_the_fast_rank():
     assert "scheduling ok" in p.stdout
 
 
-def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
+def _balance_run(run, policy, *extra):
     # Steps must be long enough (tens of ms) for the injected slowdown to dominate the fixed
     # per-step costs, hence more labels and a larger batch than the tiny config.
-    run = tmp_path / "balance"
-    train(2, run, "train.algorithm=adaptive", "hetero.slowdown={1: 2.0}",
+    train(2, run, "train.algorithm=adaptive", "hetero.slowdown={1: 2.0}", f"adaptive.policy={policy}",
           "data.synth.n_train=16000", "data.synth.n_labels=4000", "model.hidden=[128]",
           "train.epochs=4", "train.window_samples=4096", "train.batch_size=256",
-          "adaptive.b_min=32", "adaptive.step=32", "train.eval_every=4", "optim.lr=0.5")
+          "adaptive.b_min=32", "adaptive.step=32", "train.eval_every=4", "optim.lr=0.5", *extra)
     rounds = records(run, "round")
-    sizes = [[r["batch_size"] for r in rec["ranks"]] for rec in rounds]
-    assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
-    # The additive rule moves a batch by one step whenever shares differ, so counts oscillate
-    # around the balance point: judge the mean over the last full windows.
-    full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == 4096][-5:]
-    counts = np.array([[r["batches"] for r in rec["ranks"]] for rec in full], float).mean(axis=0)
-    assert abs(counts[0] - counts[1]) / counts.max() <= 0.15, (counts, sizes)
     for rec in rounds:
         assert sum(r["weight"] for r in rec["ranks"]) == pytest.approx(1.0, abs=1e-4)
+    full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == 4096]
+    counts = np.array([[r["batches"] for r in rec["ranks"]] for rec in full], float)
+    sizes = [[r["batch_size"] for r in rec["ranks"]] for rec in rounds]
+    return counts, sizes
+
+
+def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
+    # Fixed per-step costs (a third of a 256-row step here) put the balance point near batch
+    # 64 for the slow rank; 6 epochs (23 windows) leave time to settle.
+    counts, sizes = _balance_run(tmp_path / "prop", "proportional", "adaptive.smoothing=0.25",
+                                 "train.epochs=6")
+    assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
+    tail = counts[-3:].mean(axis=0)
+    assert abs(tail[0] - tail[1]) / tail.max() <= 0.15, (counts.tolist(), sizes)
+
+
+def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
+    # The papers' rule moves a batch by one step whenever the shares differ, so counts keep
+    # oscillating by about a step around the balance point (docs/algorithms.md): check the
+    # direction and the gain, not a tight band.
+    counts, sizes = _balance_run(tmp_path / "add", "additive")
+    slow = [s[1] for s in sizes]
+    assert slow[:4] == sorted(slow[:4], reverse=True) and slow[3] < slow[0], sizes
+    gap = lambda c: abs(c[0] - c[1]) / c.max()  # noqa: E731
+    assert gap(counts[-5:].mean(axis=0)) < 0.5 * gap(counts[0]), (counts.tolist(), sizes)
