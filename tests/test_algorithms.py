@@ -44,7 +44,9 @@ def _balance_run(run, policy, *extra):
     rounds = records(run, "round")
     for rec in rounds:
         assert sum(r["weight"] for r in rec["ranks"]) == pytest.approx(1.0, abs=1e-4)
-    full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == 4096]
+    window = next(int(x.split("=")[1]) for x in ("train.window_samples=4096", *extra)[::-1]
+                  if x.startswith("train.window_samples="))
+    full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == window]
     counts = np.array([[r["batches"] for r in rec["ranks"]] for rec in full], float)
     sizes = [[r["batch_size"] for r in rec["ranks"]] for rec in rounds]
     return counts, sizes
@@ -52,12 +54,16 @@ def _balance_run(run, policy, *extra):
 
 def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
     # Fixed per-step costs (a third of a 256-row step here) put the balance point near batch
-    # 64 for the slow rank; 6 epochs (23 windows) leave time to settle.
-    counts, sizes = _balance_run(tmp_path / "prop", "proportional", "adaptive.smoothing=0.25",
-                                 "train.epochs=6")
+    # 64 for the slow rank. Windows of 8,192 rows hold ~25 batches a rank, so one batch more
+    # or less is 4%; 6 epochs of 2 full windows leave time to settle.
+    counts, sizes = _balance_run(tmp_path / "prop", "proportional", "train.epochs=6",
+                                 "train.window_samples=8192", "data.synth.n_train=16384",
+                                 "adaptive.smoothing=0.25")
     assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
-    tail = counts[-3:].mean(axis=0)
-    assert abs(tail[0] - tail[1]) / tail.max() <= 0.15, (counts.tolist(), sizes)
+    # Judge the median window of the last five: a shared machine's hiccup can stall one rank
+    # for a whole window now and then, and one such window should not decide the test.
+    gaps = np.abs(counts[-5:, 0] - counts[-5:, 1]) / counts[-5:].max(axis=1)
+    assert np.median(gaps) <= 0.15, (counts.tolist(), sizes)
 
 
 def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
@@ -67,5 +73,5 @@ def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
     counts, sizes = _balance_run(tmp_path / "add", "additive")
     slow = [s[1] for s in sizes]
     assert slow[:4] == sorted(slow[:4], reverse=True) and slow[3] < slow[0], sizes
-    gap = lambda c: abs(c[0] - c[1]) / c.max()  # noqa: E731
-    assert gap(counts[-5:].mean(axis=0)) < 0.5 * gap(counts[0]), (counts.tolist(), sizes)
+    gaps = np.abs(counts[:, 0] - counts[:, 1]) / counts.max(axis=1)
+    assert np.median(gaps[-5:]) < 0.5 * gaps[0], (counts.tolist(), sizes)
