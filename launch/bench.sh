@@ -3,7 +3,7 @@
 # adaptive, hogbatch and adaptive_hogbatch on the same data and seed, with and without a 2x
 # slowed rank, then the merge cost. Prints the table; writes runs/bench/bench.txt and
 # runs/bench/report-even.png and report-slowed.png.
-#   bash launch/bench.sh                          # about 12 minutes a repeat on 2 cores
+#   bash launch/bench.sh                          # about 7-8 minutes a repeat on 2 cores
 #   REPEATS=3 bash launch/bench.sh --algorithms sync adaptive
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
