@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -228,23 +227,3 @@ class SharedCounter:
 
     def free(self) -> None:
         self.win.Free()
-
-
-class Stopwatch:
-    """Accumulates seconds by category (compute, wait, ...) for the per-rank accounting."""
-
-    def __init__(self):
-        self.totals: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, what: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[what] = self.totals.get(what, 0.0) + time.perf_counter() - t0
-
-    def take(self) -> dict[str, float]:
-        """Returns the totals since the last take and starts over."""
-        out, self.totals = self.totals, {}
-        return out

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
-from hvd_adaptive.distributed import Cluster, Stopwatch
+from hvd_adaptive.distributed import Cluster
 from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
 
 
@@ -94,7 +94,6 @@ class Algorithm:
         self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
         self.model, self.opt = ctx.model, ctx.opt
         self.variables = self.model.variables_list
-        self.clock = Stopwatch()
         self._rng = np.random.default_rng(1000 + ctx.cluster.rank)
         self.slowdown = float(self.cfg.hetero.slowdown.get(self.cluster.rank, 1.0))
         self._windows = self._window_stream()
