@@ -116,11 +116,11 @@ def _topk_fn(model: SparseMLP, k: int = 5):
 
 
 def evaluate(model: SparseMLP, test: Dataset, cluster: Cluster, rows: Optional[int],
-             chunk: int = 2048, cache: dict = {}) -> dict:  # noqa: B006 - per-model tf.function cache
+             chunk: int = 2048) -> dict:
     """P@k and nDCG@k on the test set, rows spread over ranks, sums reduced by MPI."""
-    fn = cache.get(id(model))
+    fn = getattr(model, "_topk", None)  # traced once per model, kept with it
     if fn is None:
-        fn = cache[id(model)] = _topk_fn(model, k=min(5, model.n_labels))
+        fn = model._topk = _topk_fn(model, k=min(5, model.n_labels))
     n = min(rows or test.n_rows, test.n_rows)
     mine = np.arange(cluster.rank, n, cluster.size)
     names = ["rows", *METRIC_NAMES]
