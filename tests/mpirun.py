@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -19,12 +22,37 @@ def mpi_env(**extra: str) -> dict:
     return env
 
 
+@contextmanager
+def job_group(argv: list[str], **popen) -> Iterator[subprocess.Popen]:
+    """Starts a job in its own process group and ends the whole group afterwards.
+
+    Killing mpirun (or a launcher script) alone can leave its Python ranks running, eating the
+    machine's two cores for the tests after it; the group takes them all.
+    """
+    job = subprocess.Popen(argv, start_new_session=True, **popen)
+    try:
+        yield job
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+
+
+def run(argv: list[str], timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run with captured text output, in its own process group (see job_group)."""
+    with job_group(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True) as job:
+        out, err = job.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(argv, job.returncode, out, err)
+
+
 def mpirun(n: int, args: list[str], timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
     """`mpirun -np n python ARGS...`; more ranks than cores are allowed (oversubscribed)."""
     cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none",
            sys.executable, *args]
-    return subprocess.run(cmd, env=mpi_env(**env), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return run(cmd, timeout, mpi_env(**env))
 
 
 def train(n: int, run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive import checkpoint as ck
-from mpirun import REPO, mpi_env, mpirun, records, train
+from mpirun import REPO, job_group, mpi_env, mpirun, records, train
 
 
 class OneRank:
@@ -139,9 +139,8 @@ def test_killed_rank_ends_the_job_and_resume_matches_uninterrupted(tmp_path, ref
     cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable, *args]
     for s in sets:
         cmd += ["--set", s]
-    job = subprocess.Popen(cmd, env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
+    with job_group(cmd, env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True) as job:
         deadline = time.time() + 180
         while not list((run / "checkpoints").glob(f"ckpt-*/{ck.MARKER}")):
             assert job.poll() is None and time.time() < deadline, job.communicate()
@@ -149,9 +148,6 @@ def test_killed_rank_ends_the_job_and_resume_matches_uninterrupted(tmp_path, ref
         os.kill(_rank_pid(job, 1), signal.SIGKILL)
         t_kill = time.time()
         out, err = job.communicate(timeout=60)
-    finally:
-        if job.poll() is None:
-            job.kill()
     assert job.returncode != 0, out
     assert time.time() - t_kill < 30
     assert "rank 1" in err and "signal 9" in err, err[-2000:]

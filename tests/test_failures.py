@@ -3,6 +3,9 @@
 Each case runs the real CLI (under mpirun where ranks matter) on small files written here and
 asserts the one line that tells the user what went wrong.
 """
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.data import preset, synthesize, write_xc
-from mpirun import REPO, mpi_env, mpirun
+from mpirun import REPO, job_group, mpi_env, mpirun, run
 
 
 def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
@@ -20,8 +23,7 @@ def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProc
     argv = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", *args]
     if ranks > 1:
         return mpirun(ranks, argv, timeout=120, **env)
-    return subprocess.run([sys.executable, *argv], env=mpi_env(**env), cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return run([sys.executable, *argv], 120, mpi_env(**env))
 
 
 def sets(**kv) -> list[str]:
@@ -48,16 +50,17 @@ def test_exception_on_rank1_ends_the_job_fast(tmp_path):
             "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir",
             str(tmp_path / "r")]
     env = mpi_env(HVD_ADAPTIVE_FAIL_AT_ROUND="3", HVD_ADAPTIVE_FAIL_RANK="1")
-    job = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
     lines = []  # (time seen, line); a thread reads so that a hang still meets the timeout
-    reader = threading.Thread(target=lambda: lines.extend((time.time(), x) for x in job.stdout))
-    reader.start()
-    try:
-        job.wait(timeout=120)
-    finally:
-        job.kill()
-        reader.join()
+    with job_group(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                   text=True) as job:
+        reader = threading.Thread(target=lambda: lines.extend((time.time(), x) for x in job.stdout))
+        reader.start()
+        try:
+            job.wait(timeout=120)
+        finally:  # the reader ends once every process holding the pipe is gone
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job.pid, signal.SIGKILL)
+            reader.join()
     t_end = time.time()
     out = "".join(x for _, x in lines)
     t_loop = next((t for t, x in lines if "standalone rows/s" in x), None)

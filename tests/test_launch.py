@@ -1,16 +1,14 @@
 """The workstation launcher, launch/train.sh: 2 ranks under horovodrun on the tiny config."""
 import json
 import os
-import subprocess
 
-from mpirun import REPO
+from mpirun import run as run_job
 
 
 def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, CONFIG="configs/tiny.yaml", NP="2", TF_CPP_MIN_LOG_LEVEL="2")
-    p = subprocess.run(["bash", "launch/train.sh", "--run-dir", str(run)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=240)
+    p = run_job(["bash", "launch/train.sh", "--run-dir", str(run)], 240, env)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["ranks"] == 2 and len(summary["per_rank"]) == 2
