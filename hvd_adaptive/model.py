@@ -84,9 +84,9 @@ class SparseMLP(tf.Module):
         has = tf.math.unsorted_segment_sum(label_w, label_seg, size)  # 1 with labels, else 0
         return tf.reduce_sum(has * lse - target) / tf.maximum(tf.reduce_sum(has), 1.0)
 
-    def l2_norms(self) -> list[float]:
-        """Per-variable L2 norms (used by adaptive normalization and the NaN guard)."""
-        return [float(tf.norm(v)) for v in self.variables_list]
+
+# Optimizers updated by TensorFlow's own kernels (dense and row-sparse).
+_FUSED = ("sgd", "momentum", "adagrad")
 
 
 def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
@@ -98,6 +98,10 @@ def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
 
 class Optimizer(tf.Module):
     """SGD, momentum, Adam and Adagrad with lazy (row-sparse) updates for IndexedSlices.
+
+    SGD, momentum and Adagrad use TensorFlow's fused kernels (ResourceApply* and
+    ResourceSparseApply*); Adam, which has no lazy kernel, is written out here. Duplicate rows
+    of a sparse gradient are summed first, so per-row state updates once per step.
 
     The learning rate is a tf.Variable so per-rank schedules change it without retracing.
     Weight decay is added to the gradient of the parameters an update touches.
@@ -124,32 +128,50 @@ class Optimizer(tf.Module):
             sparse = isinstance(g, tf.IndexedSlices)
             if sparse:
                 idx, gv = _dedupe(g)
-                cur = tf.gather(v, idx)
+                cur = tf.gather(v, idx) if c.weight_decay > 0 else None
             else:
                 idx, gv, cur = None, g, v
             if c.weight_decay > 0:
                 gv = gv + c.weight_decay * cur
-            if c.name == "sgd":
-                upd = self.lr * gv
-            elif c.name == "momentum":
-                m = self._read(slots[0], idx) * c.momentum + gv
-                self._write(slots[0], idx, m)
-                upd = self.lr * m
-            elif c.name == "adagrad":
-                acc = self._read(slots[0], idx) + gv * gv
-                self._write(slots[0], idx, acc)
-                upd = self.lr * gv / (tf.sqrt(acc) + c.eps)
-            else:  # adam
-                m = c.beta1 * self._read(slots[0], idx) + (1 - c.beta1) * gv
-                s = c.beta2 * self._read(slots[1], idx) + (1 - c.beta2) * gv * gv
-                self._write(slots[0], idx, m)
-                self._write(slots[1], idx, s)
-                corr = tf.sqrt(1 - c.beta2 ** self.t) / (1 - c.beta1 ** self.t)
-                upd = self.lr * corr * m / (tf.sqrt(s) + c.eps)
+            if c.name in _FUSED:
+                self._fused(c.name, v, slots, gv, idx)
+                continue
+            # Adam has no lazy (row-sparse) kernel in TensorFlow: its rows are updated here.
+            m = c.beta1 * self._read(slots[0], idx) + (1 - c.beta1) * gv
+            s = c.beta2 * self._read(slots[1], idx) + (1 - c.beta2) * gv * gv
+            self._write(slots[0], idx, m)
+            self._write(slots[1], idx, s)
+            corr = tf.sqrt(1 - c.beta2 ** self.t) / (1 - c.beta1 ** self.t)
+            upd = self.lr * corr * m / (tf.sqrt(s) + c.eps)
             if sparse:
                 v.scatter_sub(tf.IndexedSlices(upd, idx))
             else:
                 v.assign_sub(upd)
+
+    def _fused(self, name: str, v, slots, g, idx) -> None:
+        """TensorFlow's fused update kernels (one pass over the touched rows)."""
+        lr = tf.cast(self.lr, v.dtype)
+        if name == "sgd":
+            if idx is None:
+                tf.raw_ops.ResourceApplyGradientDescent(var=v.handle, alpha=lr, delta=g)
+            else:
+                v.scatter_sub(tf.IndexedSlices(lr * g, idx))
+        elif name == "momentum":
+            mom = tf.constant(self.cfg.momentum, v.dtype)
+            if idx is None:
+                tf.raw_ops.ResourceApplyMomentum(var=v.handle, accum=slots[0].handle, lr=lr, grad=g,
+                                                 momentum=mom)
+            else:
+                tf.raw_ops.ResourceSparseApplyMomentum(var=v.handle, accum=slots[0].handle, lr=lr,
+                                                       grad=g, indices=idx, momentum=mom)
+        else:  # adagrad: accum += g^2; var -= lr g / (sqrt(accum) + eps)
+            eps = tf.constant(self.cfg.eps, v.dtype)
+            if idx is None:
+                tf.raw_ops.ResourceApplyAdagradV2(var=v.handle, accum=slots[0].handle, lr=lr,
+                                                  epsilon=eps, grad=g)
+            else:
+                tf.raw_ops.ResourceSparseApplyAdagradV2(var=v.handle, accum=slots[0].handle, lr=lr,
+                                                        epsilon=eps, grad=g, indices=idx)
 
     @staticmethod
     def _read(slot, idx):

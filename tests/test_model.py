@@ -78,3 +78,36 @@ def test_same_seed_same_model():
     b = SparseMLP(10, 3, ModelConfig(init_seed=9))
     for x, y in zip(a.variables_list, b.variables_list):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad"])
+def test_fused_kernels_follow_the_update_formulas(name):
+    """TensorFlow's kernels against the formulas in numpy, dense and row-sparse (duplicates summed)."""
+    rng = np.random.default_rng(3)
+    cfg = OptimConfig(name=name, lr=0.1, momentum=0.9, eps=1e-7)
+    dense, table = tf.Variable(rng.normal(size=(3, 4)).astype(np.float32)), \
+        tf.Variable(rng.normal(size=(6, 2)).astype(np.float32))
+    opt = Optimizer([dense, table], cfg)
+    want_d, want_t = dense.numpy().astype(np.float64), table.numpy().astype(np.float64)
+    slot_d, slot_t = np.zeros_like(want_d), np.zeros_like(want_t)
+    for _ in range(3):
+        gd = rng.normal(size=(3, 4)).astype(np.float32)
+        rows = np.array([4, 1, 4])  # row 4 twice: its two gradients are summed
+        gt = rng.normal(size=(3, 2)).astype(np.float32)
+        opt.apply([tf.constant(gd), tf.IndexedSlices(tf.constant(gt), tf.constant(rows, tf.int64),
+                                                    tf.constant([6, 2], tf.int64))], [dense, table])
+        summed = np.zeros_like(want_t)
+        np.add.at(summed, rows, gt)
+        for want, slot, g, touched in ((want_d, slot_d, gd, slice(None)),
+                                       (want_t, slot_t, summed, [1, 4])):
+            g = g[touched]
+            if name == "sgd":
+                want[touched] -= 0.1 * g
+            elif name == "momentum":
+                slot[touched] = 0.9 * slot[touched] + g
+                want[touched] -= 0.1 * slot[touched]
+            else:
+                slot[touched] += g * g
+                want[touched] -= 0.1 * g / (np.sqrt(slot[touched]) + 1e-7)
+    np.testing.assert_allclose(dense.numpy(), want_d, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(table.numpy(), want_t, rtol=1e-5, atol=1e-6)
