@@ -97,6 +97,27 @@ def proportional_partition(total: int, speeds: np.ndarray, minimum: int = 1) -> 
     return out
 
 
+def balanced_partition(total: int, per_row_s: np.ndarray, per_step_s: np.ndarray,
+                       minimum: int = 1) -> np.ndarray:
+    """Splits a global batch so that every rank's local computation takes equally long.
+
+    Rank i's step takes per_step_s[i] + per_row_s[i] * b_i; the split makes these equal
+    (T = (total + sum c_i / a_i) / sum 1 / a_i, b_i = (T - c_i) / a_i), keeps every rank at
+    `minimum` rows or more, and rounds to integers that sum to `total`. Without measurements
+    (all per-row costs 0) the split is equal.
+    """
+    a = np.asarray(per_row_s, dtype=np.float64)
+    c = np.asarray(per_step_s, dtype=np.float64)
+    n = len(a)
+    if total < minimum * n:
+        raise ValueError(f"global batch {total} too small for {n} ranks with at least {minimum} rows each")
+    if not np.all(a > 0):
+        return proportional_partition(total, np.ones(n), minimum)
+    t = (total + np.sum(c / a)) / np.sum(1.0 / a)
+    rows = np.maximum((t - c) / a, 0.0)
+    return proportional_partition(total, rows, minimum)
+
+
 def split_evenly(total: int, n: int) -> np.ndarray:
     """Offsets [n+1] splitting `total` rows into n contiguous nearly equal parts."""
     return (np.arange(n + 1, dtype=np.int64) * total) // n

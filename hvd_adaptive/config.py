@@ -128,6 +128,8 @@ class TrainConfig:
     """Evaluate on the first N test rows only (None: all)."""
     time_budget_s: Optional[float] = None
     """Stop after this much training time (evaluation excluded)."""
+    target_p_at_1: Optional[float] = None
+    """Stop at the first evaluation whose test P@1 reaches this (time-to-accuracy runs)."""
     threads: Optional[int] = None
     """TensorFlow threads per rank; default: the node's cores divided by the ranks on it."""
     log_every_s: float = 10.0
@@ -138,20 +140,25 @@ class TrainConfig:
 
     def validate(self, path: str) -> None:
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
-                  "threads", "log_every_s", "window_samples")
+                  "threads", "log_every_s", "window_samples", "target_p_at_1")
 
 
 @dataclass(frozen=True)
 class SyncConfig:
     partition: Literal["equal", "proportional"] = "equal"
     """equal: every rank takes train.batch_size rows a step (Horovod's usual data parallelism).
-    proportional: the global batch (ranks x batch_size) is split by speed measured each epoch,
-    gradients weighted by batch share (LB-BSP)."""
+    proportional: the global batch (ranks x batch_size) is split so that every rank's local
+    computation takes equally long, re-measured from the training steps every window; gradients
+    are weighted by row share (LB-BSP)."""
     min_batch: int = 8
     """Smallest per-rank share of the global batch under proportional partition."""
+    smoothing: float = 0.5
+    """Proportional partition: weight of the older measurements when a window's are blended in."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "min_batch")
+        if not 0.0 <= self.smoothing < 1.0:
+            raise ConfigError(f"{path}.smoothing: must be in [0, 1), got {self.smoothing}")
 
 
 @dataclass(frozen=True)
@@ -183,7 +190,22 @@ class AdaptiveConfig:
     """Block momentum mu at the merge: v <- mu v + (merged - prev); 0 turns it off."""
     scheduler: Literal["rma", "static"] = "rma"
     """rma: dynamic scheduling through an MPI one-sided shared counter on rank 0.
-    static: fallback without one-sided MPI; each window is split by current batch sizes."""
+    static: fallback without one-sided MPI; each window is split in proportion to the ranks'
+    speeds (rows/s) measured in the previous windows."""
+    weights: Literal["batches", "rows"] = "batches"
+    """Merge weights p_i from the window's batch counts (the papers) or from rows processed."""
+    opt_state: Literal["local", "average"] = "average"
+    """Optimizer state (Adagrad accumulators, momentum, Adam moments) under averaging: merged
+    with the same weights as the model (average; 1.37x against 1.13x sync's speed with local
+    state in the ablation, docs/benchmark.md), or each rank's own (local, the papers')."""
+    row_norm: bool = True
+    """Row-normalized merge of the input layer: a row that only some ranks touched in the window
+    takes the change of those ranks, weighted among them, instead of an average that counts the
+    untouched replicas' old values (off: the papers' plain weighted average)."""
+    lr_scaling: Literal["linear", "none"] = "none"
+    """none: every rank uses lr0 (with Adagrad, whose steps do not grow with the gradient's
+    scale, this reached the target 1.50x sooner than sync against 1.37x for linear in the
+    ablation); linear: lr_i = lr0 * b_i / b_max (the papers)."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "b_warm", "b_min", "b_max", "step")
@@ -250,12 +272,16 @@ class HogbatchConfig:
 
 @dataclass(frozen=True)
 class HeteroConfig:
-    """Simulated heterogeneity: slowed ranks wait (factor - 1) x their own compute time per step."""
+    """Heterogeneity injected into a run (hvd_adaptive/hetero.py): the same for every algorithm."""
 
     slowdown: dict[int, float] = field(default_factory=dict)
     """Rank -> slowdown factor (>= 1), e.g. {1: 2.0} makes rank 1 two times slower."""
+    mode: Literal["sleep", "cpu_quota"] = "sleep"
+    """sleep: a slowed rank waits (factor - 1) x each span of its local computation (forward,
+    backward, optimizer update), never its communication. cpu_quota: the slowed rank's whole
+    process gets a cgroup CPU quota of threads / factor cores, as a slower machine (root)."""
     jitter: float = 0.0
-    """Random extra wait, uniform in [0, jitter] x compute time, on every rank."""
+    """Random extra wait, uniform in [0, jitter] x compute time, on every rank (sleep mode)."""
 
     def validate(self, path: str) -> None:
         for r, f in self.slowdown.items():

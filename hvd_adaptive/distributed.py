@@ -225,5 +225,29 @@ class SharedCounter:
         self.win.Unlock(0)
         return int(old[0])
 
+    def claims(self, window: int, budget: int, size: Callable[[], int]) -> Iterator[tuple[int, int]]:
+        """Yields this rank's claims [lo, hi) of a window's `budget` rows, `size()` at a time.
+
+        No claim is under half a batch unless the budget is: a claim that would leave less than
+        half a batch behind takes the rest with it (as `chunks` does), so no rank trains a
+        noisy one-row step that counts as a whole batch.
+        """
+        while True:
+            b = size()
+            lo = self.fetch_add(window, b)
+            if lo >= budget:
+                return
+            hi = min(lo + b, budget)
+            if 0 < budget - hi < b / 2:
+                # Push the counter past the budget; the rows up to where it stood are ours
+                # (another rank may have claimed [hi, old) between the two operations).
+                old = self.fetch_add(window, budget)
+                if old == hi:
+                    hi = budget
+                elif old < budget:
+                    yield lo, hi
+                    lo, hi = old, budget
+            yield lo, hi
+
     def free(self) -> None:
         self.win.Free()

@@ -27,8 +27,14 @@ from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config, ConfigError
 from hvd_adaptive.data import DataError, Dataset, load_dataset, make_batch, preset, synthesize
 from hvd_adaptive.distributed import Cluster, allgather, allreduce_sum_np
+from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums, most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
+
+
+# Where a round's time goes (RoundStats), and the per-rank totals the summary keeps.
+TIMES = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
+TOTALS = ("samples", "batches", *TIMES)
 
 
 def itstime(progress: float, every: float, last: float) -> bool:
@@ -149,10 +155,14 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
     log.say(f"data: {train_ds.n_rows} train / {test_ds.n_rows} test rows, {train_ds.n_features} "
             f"features, {train_ds.n_labels} labels ({time.perf_counter() - t_load:.1f} s); "
             f"most-frequent-label P@1 {base_p1:.4f}")
+    hetero = Heterogeneity(cfg.hetero, cluster.rank)
+    quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
+    if quota:  # every rank may print: only the slowed ones have a quota
+        print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
     with tf.device(cluster.device):
         model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model)
         opt = Optimizer(model.variables_list, cfg.optim)
-        algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds))
+        algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
         algo.setup()
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
         resumed = _restore(ckpt, algo, cfg, train_ds, log)
@@ -231,7 +241,7 @@ def _failure_hook(rank: int) -> Optional[int]:
 def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> dict:
     wall = samples = 0.0
     last_progress, last_say, rnd = 0.0, -1e9, 0
-    totals = np.zeros((cluster.size, 4))  # samples, batches, compute_s, wait_s per rank
+    totals = np.zeros((cluster.size, len(TOTALS)))  # per rank, columns TOTALS
     evals: list[dict] = []
     if resumed:
         wall, samples, rnd = resumed["wall"], resumed["samples"], resumed["round"]
@@ -273,7 +283,7 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
         wall += info[0][1]  # rank 0's clock is the run's clock
         ranks = [i[0] for i in info]
         samples += sum(r["samples"] for r in ranks)
-        totals += [[r["samples"], r["batches"], r["compute_s"], r["wait_s"]] for r in ranks]
+        totals += [[r[k] for k in TOTALS] for r in ranks]
         loss = sum(r["loss_sum"] for r in ranks) / max(sum(r["samples"] for r in ranks), 1)
         if not math.isfinite(loss):
             raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {rnd}); "
@@ -281,9 +291,10 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
         log.record(event="round", round=rnd, epoch=round(stats.epoch, 4), wall_s=round(wall, 4),
                    samples=int(samples), loss=round(loss, 5),
                    ranks=[{"rank": i, "batch_size": r["batch_size"], "batches": r["batches"],
-                           "samples": r["samples"], "compute_s": round(r["compute_s"], 4),
-                           "wait_s": round(r["wait_s"], 4), "weight": round(r["weight"], 5),
-                           "lr": r["lr"], **r["extra"]} for i, r in enumerate(ranks)])
+                           "samples": r["samples"], **{k: round(r[k], 4) for k in TIMES},
+                           "weight": round(r["weight"], 5), "lr": r["lr"],
+                           **{k: round(v, 4) if isinstance(v, float) else v for k, v in r["extra"].items()}}
+                          for i, r in enumerate(ranks)])
         rnd += 1
         if time.perf_counter() - last_say >= cfg.train.log_every_s:
             last_say = time.perf_counter()
@@ -298,6 +309,10 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
             save()
         if out_of_time:
             log.say(f"time budget of {cfg.train.time_budget_s} s reached")
+            break
+        target = cfg.train.target_p_at_1
+        if target is not None and evals and evals[-1]["p_at_1"] >= target:
+            log.say(f"target P@1 {target} reached")
             break
     if not evals or evals[-1]["epoch"] != round(last_progress, 4):
         do_eval(last_progress)
@@ -319,9 +334,13 @@ def _fingerprint(model: SparseMLP) -> list[float]:
 
 
 def _summary(cfg, cluster, algo, evals, totals, wall, samples, rates, base_p1) -> dict:
-    per_rank = [{"rank": i, "samples": int(t[0]), "batches": int(t[1]), "compute_s": round(t[2], 3),
-                 "wait_s": round(t[3], 3), "busy_fraction": round(t[2] / max(wall, 1e-9), 4),
-                 "standalone_rate": round(rates[i], 1)} for i, t in enumerate(totals)]
+    per_rank = []
+    for i, t in enumerate(totals):
+        d = dict(zip(TOTALS, t.tolist()))
+        per_rank.append({"rank": i, "samples": int(d["samples"]), "batches": int(d["batches"]),
+                         **{k: round(d[k], 3) for k in TIMES},
+                         "busy_fraction": round(d["compute_s"] / max(wall, 1e-9), 4),
+                         "standalone_rate": round(rates[i], 1)})
     return {
         "algorithm": cfg.train.algorithm, "ranks": cluster.size, "train_wall_s": round(wall, 3),
         "samples": int(samples), "rows_per_s": round(samples / max(wall, 1e-9), 1),

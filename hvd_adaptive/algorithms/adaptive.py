@@ -20,8 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_adaptive import balance
-from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
-from hvd_adaptive.distributed import SharedCounter, WeightedAllreduce, allgather, broadcast_variables
+from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
+from hvd_adaptive.distributed import (SharedCounter, WeightedAllreduce, allgather, allreduce_sum_np,
+                                      broadcast_variables)
 
 
 class Adaptive(Algorithm):
@@ -38,51 +39,78 @@ class Adaptive(Algorithm):
         self.warm = a.warmup_epochs > 0
         self.p = np.full(n, 1.0 / n)
         self.weights = np.full(n, 1.0 / n)
+        self.speed = np.ones(n)  # rows/s per rank, smoothed (static scheduler)
         self.boost = False
         self.prev_norm = None
-        self.merge = WeightedAllreduce(self.variables)
+        # Optimizer state under averaging: each rank's own (local), or merged with the model.
+        slots = self.opt.slot_variables()[:-1] if a.opt_state != "local" else []
+        self.merge = WeightedAllreduce(self.variables + slots)
         self.counter = SharedCounter(self.cluster.comm) if a.scheduler == "rma" else None
+        # Row-normalized merge of the input layer: rows touched by some ranks only are averaged
+        # over those ranks (see _normalize_rows).
+        w1 = self.variables[0]
+        self.touched = np.zeros(w1.shape[0], bool) if a.row_norm else None
+        self.w1_anchor = tf.Variable(w1, trainable=False) if a.row_norm else None
         if a.merge_momentum > 0:
             self.anchor = [tf.Variable(v, trainable=False) for v in self.variables]
             self.velocity = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
 
+        @tf.function(input_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32)))
+        def renormalize(rows, inv_share):
+            # merged = anchor + sum_i w_i (theta_i - anchor) / sum_{i touched} w_i, on touched rows.
+            old = tf.gather(self.w1_anchor, rows)
+            new = old + (tf.gather(w1, rows) - old) * inv_share[:, None]
+            w1.scatter_update(tf.IndexedSlices(new, rows))
+            self.w1_anchor.scatter_update(tf.IndexedSlices(new, rows))
+
+        self._renormalize = renormalize if a.row_norm else None
+
     def setup(self) -> None:
         # Horovod: identical starting replicas; merges keep them identical afterwards.
         broadcast_variables(self.variables)
+        broadcast_variables(self.opt.slot_variables())
         # Replicas are equal now, so a merge is a no-op that pays Horovod's first-use cost
         # before the clock starts.
         self.merge(1.0, float(self.cluster.size))
         if self.a.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)
+        if self.w1_anchor is not None:
+            self.w1_anchor.assign(self.variables[0])
+
+    def batch(self, rows, stats=None):
+        out = super().batch(rows, stats)
+        if self.touched is not None:
+            self.touched[out[0].numpy()] = True
+        return out
 
     # ---- one window ----------------------------------------------------------------------
     def _claims(self, w: Window, b: int):
-        """Yields this rank's batches of the window (dynamic or static scheduling)."""
+        """Yields this rank's batches of the window (dynamic or static scheduling); no batch
+        is under half of `b` unless the window is (SharedCounter.claims, `chunks`)."""
         budget = w.end - w.start
         if self.counter is not None:
-            while True:
-                off = self.counter.fetch_add(w.index, b)
-                if off >= budget:
-                    return
-                yield w.perm[w.start + off: w.start + min(off + b, budget)]
+            for lo, hi in self.counter.claims(w.index, budget, lambda: b):
+                yield w.perm[w.start + lo: w.start + hi]
         else:
-            # Fallback without one-sided MPI: split the window by current batch sizes, so a rank
-            # with a larger batch takes proportionally more rows.
-            off = np.concatenate([[0], np.cumsum(self.sizes)])
+            # Without one-sided MPI: each rank takes a contiguous part of the window in
+            # proportion to its speed measured in the previous windows (rows/s), so a faster
+            # rank still takes more rows.
+            off = np.concatenate([[0], np.cumsum(self.speed / self.speed.sum())])
             r = self.cluster.rank
-            lo, hi = (budget * off[r]) // off[-1], (budget * off[r + 1]) // off[-1]
-            for i in range(lo, hi, b):
-                yield w.perm[w.start + i: w.start + min(i + b, hi)]
+            lo, hi = int(round(budget * off[r])), int(round(budget * off[r + 1]))
+            for a, z in chunks(hi - lo, b):
+                yield w.perm[w.start + lo + a: w.start + lo + z]
 
     def _lr(self, epoch: float, b: int) -> float:
         cfg = self.cfg
         if self.warm:
             return balance.warmup_lr(cfg.optim.lr, self.a.b_warm, self.b_max, epoch, self.a.warmup_epochs)
+        b = b if self.a.lr_scaling == "linear" else self.b_max
         return balance.adaptive_lr(cfg.optim.lr, b, self.b_max, epoch, self.a.warmup_epochs, self.a.lr_decay)
 
     def train_window(self, w: Window) -> RoundStats:
-        r = self.cluster.rank
+        r, comm = self.cluster.rank, self.cluster.comm
         b = int(self.sizes[r])
         epoch_now = w.epoch + w.start / w.n_rows
         self.opt.lr.assign(self._lr(epoch_now, b))
@@ -92,21 +120,37 @@ class Adaptive(Algorithm):
         for rows in self._claims(w, b):
             self.local_step(rows, stats)
 
-        # Timing exchange: every rank learns every rank's batch count (mpi4py allgather).
         t0 = time.perf_counter()
-        info = allgather(self.cluster.comm, (stats.batches, stats.samples, stats.compute_s))
-        batches = np.array([i[0] for i in info])
-        self.p = balance.batch_shares(batches)
+        comm.Barrier()  # waiting for the last rank to finish its batch, measured apart
+        t1 = time.perf_counter()
+        # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
+        info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
+        t2 = time.perf_counter()
+        self.p = balance.batch_shares(info[:, 0] if self.a.weights == "batches" else info[:, 1])
         self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
         # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
         self.merge(float(self.weights[r]), 1.0)
+        if self._renormalize is not None:
+            self._normalize_rows(float(self.weights[r]))
         if self.a.merge_momentum > 0:
             self._block_momentum()
-        stats.extra["merge_s"] = time.perf_counter() - t0
+        t3 = time.perf_counter()
+        stats.wait_s, stats.sync_s, stats.comm_s = t1 - t0, t2 - t1, t3 - t2
         stats.weight = float(self.weights[r])
         stats.extra["share"] = float(self.p[r])
+        rate = info[:, 1] / np.maximum(info[:, 2], 1e-9)
+        self.speed = rate if w.index == 0 else 0.5 * self.speed + 0.5 * rate
         self._rescale(w.progress)
         return stats
+
+    def _normalize_rows(self, weight: float) -> None:
+        """Input-layer rows touched by some ranks only: divide their merged change by the
+        touching ranks' total weight, so a row one rank trained keeps that rank's whole update
+        (plain averaging would shrink it by that rank's weight)."""
+        share = allreduce_sum_np(self.cluster.comm, self.touched.astype(np.float32) * np.float32(weight))
+        rows = np.flatnonzero(share > 0)
+        self._renormalize(tf.constant(rows, tf.int64), tf.constant(1.0 / share[rows], tf.float32))
+        self.touched[:] = False
 
     def _block_momentum(self) -> None:
         mu = self.a.merge_momentum
@@ -141,7 +185,8 @@ class Adaptive(Algorithm):
         # Batch sizes, shares and weights come from the allgathered timings and the block
         # momentum buffers from the merged model: identical on every rank.
         d = {**super().state_dict(), "adaptive.sizes": self.sizes.copy(), "adaptive.p": self.p.copy(),
-             "adaptive.weights": self.weights.copy(), "adaptive.warm": bool(self.warm),
+             "adaptive.weights": self.weights.copy(), "adaptive.speed": self.speed.copy(),
+             "adaptive.warm": bool(self.warm),
              "adaptive.boost": bool(self.boost), "adaptive.prev_norm": self.prev_norm}
         if self.a.merge_momentum > 0:
             d.update({f"adaptive.anchor.{i}": x.numpy() for i, x in enumerate(self.anchor)})
@@ -157,6 +202,9 @@ class Adaptive(Algorithm):
         self.sizes = self.per_rank(d, "adaptive.sizes", np.full(n, start, np.int64))
         self.p = self.per_rank(d, "adaptive.p", np.full(n, 1.0 / n))
         self.weights = self.per_rank(d, "adaptive.weights", np.full(n, 1.0 / n))
+        self.speed = self.per_rank(d, "adaptive.speed", np.ones(n))
+        if self.w1_anchor is not None:  # the checkpoint is taken right after a merge
+            self.w1_anchor.assign(self.variables[0])
         self.boost, self.prev_norm = bool(d["adaptive.boost"]), d["adaptive.prev_norm"]
         if self.a.merge_momentum > 0:
             for i, (x, v) in enumerate(zip(self.anchor, self.velocity)):

@@ -9,6 +9,8 @@ differ in the merge at the round's end.
 """
 from __future__ import annotations
 
+import time
+
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
@@ -32,6 +34,14 @@ class _Averaging(Algorithm):
             self.local_step(mine[lo:hi], stats)
         return stats
 
+    def merge_timed(self, merge, stats: RoundStats) -> None:
+        """Runs the round's merge; waiting for the slowest rank is measured apart from it."""
+        t0 = time.perf_counter()
+        self.cluster.comm.Barrier()
+        t1 = time.perf_counter()
+        merge()
+        stats.wait_s, stats.comm_s = t1 - t0, time.perf_counter() - t1
+
 
 class LocalSGD(_Averaging):
     name = "local"
@@ -46,7 +56,7 @@ class LocalSGD(_Averaging):
 
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
-        self.merge(1.0, float(self.cluster.size))
+        self.merge_timed(lambda: self.merge(1.0, float(self.cluster.size)), stats)
         return stats
 
 
@@ -82,7 +92,7 @@ class SMA(_Averaging):
 
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
-        self._sma_merge()
+        self.merge_timed(self._sma_merge, stats)
         return stats
 
     def eval_model(self) -> SparseMLP:

@@ -20,6 +20,7 @@ import tensorflow as tf
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
 from hvd_adaptive.distributed import Cluster
+from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
 
 
@@ -32,6 +33,7 @@ class Context:
     model: SparseMLP
     opt: Optimizer
     train: Dataset
+    hetero: Heterogeneity
 
 
 def chunks(total: int, size: int) -> list[tuple[int, int]]:
@@ -67,18 +69,39 @@ class Window:
 
 @dataclass
 class RoundStats:
-    """This rank's accounting for one round (allgathered and written by rank 0)."""
+    """This rank's accounting for one round (allgathered and written by rank 0).
+
+    Where the round's time went: `batch_s` building batches from the data, `compute_s` local
+    computation (forward, backward, optimizer update; with the injected slowdown), `comm_s`
+    moving model data (allreduce of gradients, merge of replicas, shared-memory copies),
+    `sync_s` exchanging timings (allgather), `wait_s` the rest: waiting for other ranks.
+    """
 
     epoch: float
     batch_size: int
     batches: int = 0
     samples: int = 0
     loss_sum: float = 0.0
+    batch_s: float = 0.0
     compute_s: float = 0.0
+    comm_s: float = 0.0
+    sync_s: float = 0.0
     wait_s: float = 0.0
     weight: float = 0.0
     lr: float = 0.0
     extra: dict = field(default_factory=dict)
+
+    def add_step(self, rows: int, loss: float, compute_s: float) -> None:
+        """Accounts one batch of `rows` rows whose local computation took `compute_s`."""
+        self.batches += 1
+        self.samples += rows
+        self.loss_sum += loss * rows
+        self.compute_s += compute_s
+
+    def close(self, total_s: float) -> None:
+        """Sets wait_s to the part of the round's `total_s` that no other field accounts for."""
+        busy = self.batch_s + self.compute_s + self.comm_s + self.sync_s
+        self.wait_s = max(total_s - busy, 0.0)
 
 
 class Algorithm:
@@ -94,8 +117,7 @@ class Algorithm:
         self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
         self.model, self.opt = ctx.model, ctx.opt
         self.variables = self.model.variables_list
-        self._rng = np.random.default_rng(1000 + ctx.cluster.rank)
-        self.slowdown = float(self.cfg.hetero.slowdown.get(self.cluster.rank, 1.0))
+        self.hetero = ctx.hetero
         self._windows = self._window_stream()
         self.windows_done = 0  # data position: windows handed out so far
         self.resized = False   # set on resume from a checkpoint of another rank count
@@ -108,13 +130,7 @@ class Algorithm:
             self.opt.apply(grads, self.variables)
             return loss
 
-        @tf.function(input_signature=BATCH_SIGNATURE)
-        def grad_only(*batch):
-            with tf.GradientTape() as tape:
-                loss = self.model.loss(*batch, training=True)
-            return tape.gradient(loss, self.variables)
-
-        self._local_step, self._grad_only = local_step, grad_only
+        self._local_step = local_step
 
     # ---- data stream ---------------------------------------------------------------------
     def _window_stream(self) -> Iterator[Window]:
@@ -140,49 +156,49 @@ class Algorithm:
             if self.next_window() is None:
                 break
 
-    def batch(self, rows: np.ndarray) -> tuple:
-        return batch_tensors(make_batch(self.ctx.train, rows))
+    def batch(self, rows: np.ndarray, stats: Optional[RoundStats] = None) -> tuple:
+        """The batch's tensors; the time it takes counts as batch building in `stats`."""
+        t0 = time.perf_counter()
+        out = batch_tensors(make_batch(self.ctx.train, rows))
+        if stats is not None:
+            stats.batch_s += time.perf_counter() - t0
+        return out
 
     # ---- steps ---------------------------------------------------------------------------
-    def simulate_slowdown(self, compute_s: float) -> None:
-        """Injected heterogeneity: a rank slowed by f waits (f - 1) x its own compute time."""
-        extra = (self.slowdown - 1.0) * compute_s
-        if self.cfg.hetero.jitter > 0:
-            extra += self._rng.uniform(0, self.cfg.hetero.jitter) * compute_s
-        if extra > 0:
-            time.sleep(extra)
-
     def local_step(self, rows: np.ndarray, stats: RoundStats) -> None:
-        """One plain SGD step on this rank's replica, timed (with slowdown) as compute."""
-        batch = self.batch(rows)
-        t0 = time.perf_counter()
-        loss = float(self._local_step(*batch))
-        self.simulate_slowdown(time.perf_counter() - t0)
-        stats.compute_s += time.perf_counter() - t0
-        stats.batches += 1
-        stats.samples += len(rows)
-        stats.loss_sum += loss * len(rows)
+        """One plain SGD step on this rank's replica; its computation is slowed as configured."""
+        batch = self.batch(rows, stats)
+        loss, dt = self.hetero.compute(self._local_step, *batch)
+        stats.add_step(len(rows), float(loss), dt)
 
     def step_functions(self) -> list:
         """tf.functions with full input signatures that training calls."""
-        return [self._local_step, self._grad_only]
+        return [self._local_step]
 
-    def calibrate(self, batch_size: int, steps: int = 3) -> float:
-        """This rank's standalone speed in rows/s (gradient only, slowdown included).
+    def calibrate(self, batch_size: int, steps: int = 8, min_seconds: float = 0.6) -> float:
+        """This rank's standalone speed in rows/s: the local training step, optimizer update
+        and slowdown included, as if this rank trained alone (no communication, no waiting).
 
-        Used as the denominator of cluster efficiency and as the first speed estimate of
-        proportional partition. The first call traces the function and is not timed.
+        The denominator of cluster efficiency (1.0: no waiting and no overhead). At least
+        `steps` steps and `min_seconds` (several periods of a cgroup CPU quota) are timed. The
+        steps change nothing: model and optimizer state are put back afterwards.
         """
         n = self.ctx.train.n_rows
         rng = np.random.default_rng(7 + self.cluster.rank)
-        rows = [rng.integers(0, n, size=min(batch_size, n)) for _ in range(steps + 1)]
-        self._grad_only(*self.batch(rows[0]))
-        t0 = time.perf_counter()
-        for r in rows[1:]:
-            t1 = time.perf_counter()
-            self._grad_only(*self.batch(r))
-            self.simulate_slowdown(time.perf_counter() - t1)
-        return steps * len(rows[0]) / (time.perf_counter() - t0)
+        batches = [self.batch(rng.integers(0, n, size=min(batch_size, n))) for _ in range(steps)]
+        keep = [*self.variables, *self.opt.slot_variables()]
+        saved = [v.numpy() for v in keep]
+        self.hetero.compute(self._local_step, *batches[0])  # not timed: first run optimizes
+        rows = seconds = 0.0
+        done = 0
+        while done < steps or seconds < min_seconds:
+            b = batches[done % steps]
+            seconds += self.hetero.compute(self._local_step, *b)[1]
+            rows += int(b[-1])
+            done += 1
+        for v, x in zip(keep, saved):
+            v.assign(x)
+        return rows / seconds
 
     # ---- interface -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -209,9 +225,10 @@ class Algorithm:
         w = self.next_window()
         if w is None:
             return None
-        t0 = time.perf_counter()
+        t0, slept = time.perf_counter(), self.hetero.injected_s
         stats = self.train_window(w)
-        stats.wait_s = max(time.perf_counter() - t0 - stats.compute_s, 0.0)
+        stats.close(time.perf_counter() - t0)
+        stats.extra["slowdown_s"] = self.hetero.injected_s - slept
         return stats
 
     def train_window(self, w: Window) -> RoundStats:
@@ -236,7 +253,7 @@ class Algorithm:
         opt = {f"opt.{i}": v.numpy() for i, v in enumerate(self.opt.slot_variables())}
         opt["opt.lr"] = float(self.opt.lr.numpy())
         d = {"algorithm": self.name, "ranks": self.cluster.size, "windows": self.windows_done,
-             "rank.rng": self._rng.bit_generator.state}
+             "rank.rng": self.hetero.state()["rng"]}
         for part, differs in ((model, self.replicas_differ), (opt, self.slots_differ)):
             d.update({("rank." + k if differs else k): v for k, v in part.items()})
         return d
@@ -259,7 +276,7 @@ class Algorithm:
             _assign(v, d, f"{pre_o}opt.{i}")
         self.opt.lr.assign(d[pre_o + "opt.lr"])
         if not self.resized:  # the jitter stream of a rank that no longer exists means nothing
-            self._rng.bit_generator.state = d["rank.rng"]
+            self.hetero.load_state({"rng": d["rank.rng"]})
         self.skip_windows(int(d["windows"]))
 
     def per_rank(self, d: dict, key: str, default: np.ndarray) -> np.ndarray:

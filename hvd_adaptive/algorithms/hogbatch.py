@@ -42,7 +42,7 @@ from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import make_batch
 from hvd_adaptive.distributed import SharedCounter
-from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
+from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
 
 # Columns of the per-worker table in shared memory (float64; row i is written only by rank i).
 UPDATES, SAMPLES, BUSY_S, BATCH, RATE, SEQ, SKIPPED = range(7)
@@ -219,30 +219,28 @@ class Hogbatch(Algorithm):
         pulled = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *w1.shape[1:]], tf.float32),
                   *[tf.TensorSpec(v.shape, tf.float32) for v in dense])
 
-        @tf.function(input_signature=(*BATCH_SIGNATURE, *pulled))
-        def hog_step(*args):
-            batch, (rows, w1_rows, *values) = args[:len(BATCH_SIGNATURE)], args[len(BATCH_SIGNATURE):]
+        @tf.function(input_signature=pulled)
+        def pull(rows, w1_rows, *values):
+            # Only the input-layer rows in the batch affect its gradient.
             with tf.device(self.worker_device):
-                # Pull: only the input-layer rows in the batch affect its gradient.
                 w1.scatter_update(tf.IndexedSlices(w1_rows, rows))
                 for v, x in zip(dense, values):
                     v.assign(x)
-                with tf.GradientTape() as tape:
-                    loss = self.model.loss(*batch, training=True)
-                grads = tape.gradient(loss, self.variables)
-                # The update is what this worker's optimizer does to its replica (automatic
-                # control dependencies keep pull, apply and the reads after it in order).
-                self.opt.apply(grads, self.variables)
-                d_rows = tf.gather(w1, rows) - w1_rows
-                deltas = [v - x for v, x in zip(dense, values)]
-                # One non-finite element makes its sum non-finite: a cheap complete NaN guard.
-                total = loss + tf.add_n([tf.reduce_sum(d) for d in [d_rows, *deltas]])
-                return loss, tf.math.is_finite(total), d_rows, deltas
 
-        self._hog_step = hog_step
+        @tf.function(input_signature=pulled)
+        def deltas(rows, w1_rows, *values):
+            # The update is what this worker's optimizer did to its replica since the pull.
+            with tf.device(self.worker_device):
+                d_rows = tf.gather(w1, rows) - w1_rows
+                ds = [v - x for v, x in zip(dense, values)]
+                # One non-finite element makes its sum non-finite: a cheap complete NaN guard.
+                total = tf.add_n([tf.reduce_sum(d) for d in [d_rows, *ds]])
+                return tf.math.is_finite(total), d_rows, ds
+
+        self._pull, self._deltas = pull, deltas
 
     def step_functions(self) -> list:
-        return [self._hog_step, self._grad_only]
+        return [self._local_step, self._pull, self._deltas]
 
     def setup(self) -> None:
         self.shared.initialize(self.variables)
@@ -255,46 +253,50 @@ class Hogbatch(Algorithm):
         self.mine[BATCH] = b
 
     def trace(self) -> None:
-        """Traces, then runs the update once: a function's first run also optimizes its graph
-        (about a second), which must not count as training. Its effects are undone."""
+        """Traces, then runs pull and push once (their first run optimizes the graph, about a
+        second, which must not count as training); their effects are undone."""
         super().trace()
         keep = [*self.variables, *self.opt.slot_variables()]
         saved = [v.numpy().copy() for v in keep]
         b = make_batch(self.ctx.train, np.arange(min(self.b, self.ctx.train.n_rows)))
-        ids = np.unique(b.feat_ids)
-        self._hog_step(*batch_tensors(b), tf.constant(ids), tf.gather(self.variables[0], ids),
-                       *[tf.identity(v) for v in self.variables[1:]])
+        ids = tf.constant(np.unique(b.feat_ids))
+        args = (ids, tf.gather(self.variables[0], ids), *[tf.identity(v) for v in self.variables[1:]])
+        self._pull(*args)
+        self._deltas(*args)
         for v, x in zip(keep, saved):
             v.assign(x)
 
     # ---- one update ----------------------------------------------------------------------
     def _update(self, rows: np.ndarray, stats: RoundStats) -> None:
         """Pull what the batch needs, compute this worker's update, push it without locks."""
+        t0 = time.perf_counter()
         batch = make_batch(self.ctx.train, rows)
         ids = np.unique(batch.feat_ids)
         tensors = batch_tensors(batch)
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         w1s, dense_s = self.shared.params[0], self.shared.params[1:]
         # Private copies: TensorFlow may alias an aligned numpy buffer, and no tensor or
         # variable may alias the shared memory.
-        loss, ok, d_rows, deltas = self._hog_step(*tensors, tf.constant(ids), tf.constant(w1s[ids]),
-                                                  *[tf.constant(a.copy()) for a in dense_s])
-        if bool(ok):
+        pulled = (tf.constant(ids), tf.constant(w1s[ids]), *[tf.constant(a.copy()) for a in dense_s])
+        self._pull(*pulled)
+        t2 = time.perf_counter()
+        loss, dt = self.hetero.compute(self._local_step, *tensors)  # the only slowed part
+        t3 = time.perf_counter()
+        ok, d_rows, deltas = self._deltas(*pulled)
+        if bool(ok) and np.isfinite(float(loss)):
             w1s[ids] += d_rows.numpy()  # ids are unique, so a fancy-index add is one add per row
             for a, d in zip(dense_s, deltas):
                 np.add(a, d.numpy(), out=a)
         else:
             self.mine[SKIPPED] += 1
-        self.simulate_slowdown(time.perf_counter() - t0)
-        dt = time.perf_counter() - t0
-        stats.compute_s += dt
-        stats.batches += 1
-        stats.samples += len(rows)
-        stats.loss_sum += float(loss) * len(rows)
+        t4 = time.perf_counter()
+        stats.batch_s += t1 - t0
+        stats.comm_s += (t2 - t1) + (t4 - t3)
+        stats.add_step(len(rows), float(loss), dt)
         m = self.mine
         m[UPDATES] += 1
         m[SAMPLES] += len(rows)
-        m[BUSY_S] += dt
+        m[BUSY_S] += t4 - t0
 
     def _after_update(self, seconds: float) -> None:
         """Publishes the update rate every adjust_every updates; adaptive resizes the batch."""
@@ -337,24 +339,23 @@ class Hogbatch(Algorithm):
         if span is None:
             return None
         first, last = span
-        t_round = time.perf_counter()
+        t_round, slept = time.perf_counter(), self.hetero.injected_s
         self.counter.prepare(self.round)
         budget = last.end - first.start
         stats = RoundStats(epoch=last.progress, batch_size=self.b, lr=float(self.opt.lr))
-        while True:
-            t0 = time.perf_counter()
-            off = self.counter.fetch_add(self.round, self.b)
-            if off >= budget:
-                break
-            self._update(first.perm[first.start + off: first.start + min(off + self.b, budget)], stats)
+        t0 = time.perf_counter()
+        for lo, hi in self.counter.claims(self.round, budget, lambda: self.b):
+            self._update(first.perm[first.start + lo: first.start + hi], stats)
             self._after_update(time.perf_counter() - t0)
+            t0 = time.perf_counter()
         # Round end, the only synchronization: all updates land, every replica takes the same
         # snapshot, and nobody writes again before everybody has it (evaluation sees one model).
         self.shared.fence()
         self.shared.copy_into(self.variables)
         self.shared.fence()
         self.round += 1
-        stats.wait_s = max(time.perf_counter() - t_round - stats.compute_s, 0.0)
+        stats.close(time.perf_counter() - t_round)
+        stats.extra["slowdown_s"] = self.hetero.injected_s - slept
         stats.batch_size, stats.lr = self.b, float(self.opt.lr)
         updates = self.shared.table[:, UPDATES].copy()
         shares, cpu_share = update_shares(updates - self._round_start_updates, self.h.cpu_ranks)

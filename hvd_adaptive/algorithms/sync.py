@@ -1,10 +1,17 @@
 """Horovod synchronous data-parallel SGD: the baseline a Horovod user runs today.
 
-Every step, each rank computes gradients on its part of one global batch and
-DistributedGradientTape sums them over ranks before the update, so all replicas stay equal.
-partition "equal": every rank takes train.batch_size rows. partition "proportional" (LB-BSP):
-the global batch is split in proportion to each rank's speed, re-measured at every epoch start
-and shared by allgather; gradients are weighted by batch share b_i / sum b.
+Every step, each rank computes the gradient of its part of one global batch, the gradients are
+summed over ranks by one fused Horovod allreduce (row-sparse gradients are allgathered, so the
+update stays row-sparse), and every rank applies the same update, so all replicas stay equal.
+A step is three parts: gradient (local computation), allreduce (communication), update (local
+computation); only the two local parts are slowed by simulated heterogeneity, and a barrier
+before the allreduce separates waiting for the slowest rank from the transfer itself.
+
+partition "equal": every rank takes train.batch_size rows a step. partition "proportional"
+(LB-BSP): the global batch is split so that every rank's local computation takes equally long,
+from per-row and per-step times measured in the training steps themselves and re-measured
+every window (`sync.remeasure`); each rank's gradient is weighted by its share of the rows, so
+the summed gradient is the mean over the global batch whatever the split.
 """
 from __future__ import annotations
 
@@ -15,98 +22,131 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
-from hvd_adaptive.balance import proportional_partition
+from hvd_adaptive.balance import balanced_partition
 from hvd_adaptive.distributed import allgather, broadcast_variables
 from hvd_adaptive.model import BATCH_SIGNATURE
 
 
 class Sync(Algorithm):
     name = "sync"
-    slots_differ = False  # every rank applies the same summed gradient
+    slots_differ = False  # every rank applies the same summed update
 
     def __init__(self, ctx):
         super().__init__(ctx)
         n = self.cluster.size
         self.global_batch = self.cfg.train.batch_size * n
         self.sizes = np.full(n, self.cfg.train.batch_size, np.int64)
-        self.rates = np.ones(n)
-        self._epoch = -1
+        # Smoothed per-rank costs of local computation: seconds per row, seconds per step.
+        self.per_row = np.zeros(n)
+        self.per_step = np.zeros(n)
 
         @tf.function(input_signature=(*BATCH_SIGNATURE, tf.TensorSpec([], tf.float32)))
-        def sync_step(*args):
+        def gradient(*args):
             *batch, share = args
             with tf.GradientTape() as tape:
-                # Scaling by this rank's share of the step's rows makes the summed gradient the
+                # Scaled by this rank's share of the step's rows: the sum over ranks is then the
                 # mean over the global batch, whatever the split.
-                loss = self.model.loss(*batch, training=True) * share
-            # Horovod: allreduce (Sum) of the gradients; IndexedSlices of the input layer are
-            # allgathered, so the update stays row-sparse.
-            tape = hvd.DistributedGradientTape(tape, op=hvd.Sum)
-            grads = tape.gradient(loss, self.variables)
-            self.opt.apply(grads, self.variables)
-            return loss / tf.maximum(share, 1e-12)
+                loss = self.model.loss(*batch, training=True)
+                scaled = loss * share
+            return loss, tape.gradient(scaled, self.variables)
 
-        self._sync_step = sync_step
+        @tf.function(reduce_retracing=True)
+        def allreduce(grads):
+            # Horovod: one fused allreduce (Sum) of every gradient; IndexedSlices are allgathered.
+            return hvd.grouped_allreduce(list(grads), op=hvd.Sum, name="sync_gradients")
+
+        @tf.function(reduce_retracing=True)
+        def update(grads):
+            self.opt.apply(grads, self.variables)
+            return tf.constant(0.0)
+
+        self._gradient, self._allreduce, self._update = gradient, allreduce, update
 
     def step_functions(self) -> list:
-        return [self._sync_step, self._grad_only]
+        return [self._local_step, self._gradient]
 
     def setup(self) -> None:
         # Horovod: start every replica from rank 0's weights so they stay identical.
         broadcast_variables(self.variables)
         broadcast_variables(self.opt.slot_variables())
-        # Horovod sets up its collectives on first use (seconds); a step with share 0 has zero
-        # gradients and changes nothing, so that cost is paid before the clock starts.
-        rows = np.arange(min(self.cfg.train.batch_size, self.ctx.train.n_rows))
-        self._sync_step(*self.batch(rows), tf.constant(0.0, tf.float32))
 
-    def _repartition(self) -> None:
-        """LB-BSP: measure speeds (allgather) and split the global batch accordingly."""
-        rate = self.calibrate(int(self.sizes[self.cluster.rank]), steps=2)
-        self.rates = np.array(allgather(self.cluster.comm, rate))
-        self.sizes = proportional_partition(self.global_batch, self.rates, self.cfg.sync.min_batch)
+    def trace(self) -> None:
+        super().trace()
+        # The gradient functions take IndexedSlices of varying length: trace allreduce and update
+        # on two batch sizes (so the traced shapes relax) with share 0, which changes nothing,
+        # and pay Horovod's first-use set-up before the clock starts.
+        keep = [v.numpy() for v in self.opt.slot_variables()]
+        lr = float(self.opt.lr)
+        self.opt.lr.assign(0.0)
+        for size in (8, 16):
+            rows = np.arange(min(size, self.ctx.train.n_rows))
+            _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
+            self._update(self._allreduce(grads))
+        self.opt.lr.assign(lr)
+        for v, x in zip(self.opt.slot_variables(), keep):
+            v.assign(x)
+
+    def step(self, rows: np.ndarray, share: float, stats: RoundStats) -> None:
+        """One synchronous step on this rank's `rows`, `share` of the global batch."""
+        batch = self.batch(rows, stats)
+        (loss, grads), t_grad = self.hetero.compute(self._gradient, *batch, tf.constant(share, tf.float32))
+        t0 = time.perf_counter()
+        self.cluster.comm.Barrier()  # waiting for the slowest rank, measured apart from transfer
+        t1 = time.perf_counter()
+        summed = self._allreduce(grads)
+        _ready(summed[-1])  # the allreduce has finished once its results are readable
+        t2 = time.perf_counter()
+        _, t_upd = self.hetero.compute(self._update, summed)
+        stats.wait_s += t1 - t0
+        stats.comm_s += t2 - t1
+        stats.add_step(len(rows), float(loss), t_grad + t_upd)
+        stats.extra["grad_s"] = stats.extra.get("grad_s", 0.0) + t_grad
+        stats.extra["update_s"] = stats.extra.get("update_s", 0.0) + t_upd
 
     def train_window(self, w: Window) -> RoundStats:
-        if self.cfg.sync.partition == "proportional" and w.epoch != self._epoch:
-            self._repartition()
-            self._epoch = w.epoch
         r = self.cluster.rank
         stats = RoundStats(epoch=w.progress, batch_size=int(self.sizes[r]), lr=float(self.opt.lr))
         step_total = int(self.sizes.sum())
-        t_busy = 0.0
         for lo, hi in chunks(w.end - w.start, step_total):
             pos, take = w.start + lo, hi - lo
             sizes = self.sizes.copy() if take == step_total else np.floor(
                 self.sizes * take / step_total).astype(np.int64)
             sizes[-1] += take - sizes.sum()  # every row of the window is covered
             off = np.concatenate([[0], np.cumsum(sizes)])
-            rows = w.perm[pos + off[r]: pos + off[r + 1]]
-            batch = self.batch(rows)
-            t0 = time.perf_counter()
-            loss = float(self._sync_step(*batch, tf.constant(len(rows) / take, tf.float32)))
-            dt = time.perf_counter() - t0
-            # The step time includes the allreduce; for a slowed rank (the last to arrive) it is
-            # close to its own compute time.
-            self.simulate_slowdown(dt)
-            t_busy += time.perf_counter() - t0
-            stats.batches += 1
-            stats.samples += len(rows)
-            stats.loss_sum += loss * len(rows)
-        stats.compute_s = t_busy
+            self.step(w.perm[pos + off[r]: pos + off[r + 1]], float(sizes[r] / take), stats)
         stats.weight = float(self.sizes[r] / step_total)
+        if self.cfg.sync.partition == "proportional":
+            self._repartition(stats)
         return stats
+
+    def _repartition(self, stats: RoundStats) -> None:
+        """LB-BSP: share this window's costs (allgather) and split the global batch by them."""
+        t0 = time.perf_counter()
+        steps = max(stats.batches, 1)
+        mine = (stats.extra["grad_s"] / max(stats.samples, 1), stats.extra["update_s"] / steps)
+        costs = np.array(allgather(self.cluster.comm, mine))
+        stats.sync_s += time.perf_counter() - t0
+        keep = self.cfg.sync.smoothing if self.per_row.any() else 0.0
+        self.per_row = keep * self.per_row + (1 - keep) * costs[:, 0]
+        self.per_step = keep * self.per_step + (1 - keep) * costs[:, 1]
+        self.sizes = balanced_partition(self.global_batch, self.per_row, self.per_step,
+                                        self.cfg.sync.min_batch)
 
     def state(self) -> dict:
         return {"batch_sizes": self.sizes.tolist()}
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "sync.sizes": self.sizes.copy(),
-                "sync.rates": self.rates.copy(), "sync.epoch": self._epoch}
+                "sync.per_row": self.per_row.copy(), "sync.per_step": self.per_step.copy()}
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
         n = self.cluster.size
         self.sizes = self.per_rank(d, "sync.sizes", np.full(n, self.cfg.train.batch_size, np.int64))
-        self.rates = self.per_rank(d, "sync.rates", np.ones(n))
-        # On another rank count, proportional partition re-measures at the next window.
-        self._epoch = -1 if self.resized else int(d["sync.epoch"])
+        self.per_row = self.per_rank(d, "sync.per_row", np.zeros(n))
+        self.per_step = self.per_rank(d, "sync.per_step", np.zeros(n))
+
+
+def _ready(t) -> None:
+    """Waits until a tensor is computed (kernels may run asynchronously on a GPU)."""
+    (t.values if isinstance(t, tf.IndexedSlices) else t).numpy()

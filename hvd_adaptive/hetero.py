@@ -1,0 +1,183 @@
+"""Heterogeneity: the one place that makes a rank slower than its hardware is.
+
+Two modes (config `hetero.mode`), the same for every algorithm:
+
+- ``sleep`` (simulated): a slowed rank with factor f sleeps (f - 1) x the time of each span of
+  its *local computation*: a batch's forward and backward pass and the optimizer update. Every
+  algorithm runs that span through `Heterogeneity.compute`, and nothing else: batch building,
+  allreduces, allgathers, shared-memory copies and waiting are never multiplied. A slower
+  device runs its own computation slower; its network is not necessarily slower.
+- ``cpu_quota`` (real): the slowed rank's whole process is put in a cgroup with a CPU quota of
+  threads / f cores (cgroup v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``), as a slower machine
+  would be: its communication and waiting slow down too. Needs root (or a delegated cgroup);
+  where the quota cannot be set, start-up fails with a clear error rather than run unslowed.
+
+``hetero.jitter`` adds a random wait, uniform in [0, jitter] x the span's time, on every rank
+(sleep mode only): batch times that vary as sparse batches do.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from hvd_adaptive.config import HeteroConfig
+
+CGROUP_ROOT = Path(os.environ.get("HVD_ADAPTIVE_CGROUP_ROOT", "/sys/fs/cgroup"))
+PERIOD_US = 100_000
+
+
+class Heterogeneity:
+    """This rank's slowdown, applied to spans of local computation.
+
+    Args:
+        cfg: The `hetero` config section.
+        rank: This rank (keys of `cfg.slowdown`).
+    """
+
+    def __init__(self, cfg: HeteroConfig, rank: int):
+        self.mode = cfg.mode
+        self.factor = float(cfg.slowdown.get(rank, 1.0))
+        self.jitter = cfg.jitter
+        self.rng = np.random.default_rng(1000 + rank)
+        self.quota: Optional[CpuQuota] = None
+        self.injected_s = 0.0  # seconds slept so far (sleep mode), for the round records
+
+    @property
+    def sleeps(self) -> bool:
+        return self.mode == "sleep" and (self.factor > 1.0 or self.jitter > 0)
+
+    def compute(self, fn: Callable[..., Any], *args) -> tuple[Any, float]:
+        """Runs `fn(*args)`, a span of local computation, slowed as configured.
+
+        `fn` returns a tensor or a tuple whose first element is a tensor (the loss); reading it
+        waits for the span to finish (kernels may run asynchronously on a GPU).
+
+        Returns:
+            (fn's result, seconds the span took including the injected slowdown).
+        """
+        t0 = time.perf_counter()
+        out = fn(*args)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        if hasattr(first, "numpy"):
+            first.numpy()
+        if self.sleeps:
+            self.delay(time.perf_counter() - t0)
+        return out, time.perf_counter() - t0
+
+    def delay(self, seconds: float) -> None:
+        """Sleeps as a slowed rank would take longer for `seconds` of its own computation."""
+        if self.mode != "sleep":
+            return
+        extra = (self.factor - 1.0) * seconds
+        if self.jitter > 0:
+            extra += self.rng.uniform(0, self.jitter) * seconds
+        if extra > 0:
+            time.sleep(extra)
+            self.injected_s += extra
+
+    def start(self, threads: int, tag: str) -> Optional[str]:
+        """Applies the CPU quota in cpu_quota mode; returns a line describing it (or None)."""
+        if self.mode != "cpu_quota" or self.factor <= 1.0:
+            return None
+        self.quota = CpuQuota(f"hvd_adaptive-{tag}", cores=threads / self.factor)
+        self.quota.enter(os.getpid())
+        atexit.register(self.quota.remove)
+        return (f"cpu quota {self.quota.cores:.2f} core(s) ({self.quota.where}) for a "
+                f"{self.factor:g}x slowdown of {threads} thread(s)")
+
+    def state(self) -> dict:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state(self, d: dict) -> None:
+        self.rng.bit_generator.state = d["rng"]
+
+
+class CpuQuota:
+    """A cgroup limiting its processes to `cores` CPUs' worth of time (v1 or v2).
+
+    Args:
+        name: Folder name of the cgroup (under the cpu controller's root).
+        cores: CPU time allowed per wall-clock second, in cores (e.g. 0.5).
+        root: Where the cgroup file systems are mounted.
+    """
+
+    def __init__(self, name: str, cores: float, root: Path = CGROUP_ROOT):
+        self.cores = cores
+        v1 = root / "cpu"
+        if (v1 / "cpu.cfs_quota_us").exists():
+            self.version, self.root = 1, v1
+        elif "cpu" in _read(root / "cgroup.controllers").split():
+            self.version, self.root = 2, root
+        else:
+            raise RuntimeError(
+                f"hetero.mode=cpu_quota: no writable cgroup CPU controller under {root} "
+                "(cgroup v1 cpu/cpu.cfs_quota_us or v2 cgroup.controllers with 'cpu'); use "
+                "hetero.mode=sleep")
+        self.path = self.root / name
+        self.where = str(self.path)
+        _remove_stale(self.root, name.split("-")[0] + "-")
+        quota = max(1000, int(round(cores * PERIOD_US)))
+        try:
+            self.path.mkdir(exist_ok=True)
+            if self.version == 1:
+                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                subtree = self.root / "cgroup.subtree_control"
+                if "cpu" not in _read(subtree).split():
+                    subtree.write_text("+cpu")
+                (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        except OSError as e:
+            raise RuntimeError(f"hetero.mode=cpu_quota: cannot set a CPU quota in {self.path}: "
+                               f"{e.strerror or e} (needs root or a delegated cgroup); use "
+                               "hetero.mode=sleep") from None
+
+    def enter(self, pid: int) -> None:
+        """Moves a process (all its threads) into the cgroup."""
+        try:
+            (self.path / "cgroup.procs").write_text(str(pid))
+        except OSError as e:
+            raise RuntimeError(f"hetero.mode=cpu_quota: cannot move process {pid} into "
+                               f"{self.path}: {e.strerror or e}") from None
+
+    def pids(self) -> list[int]:
+        return [int(x) for x in _read(self.path / "cgroup.procs").split()]
+
+    def remove(self) -> None:
+        """Moves remaining processes back to the root cgroup and deletes the folder."""
+        if not self.path.exists():
+            return
+        for pid in self.pids():
+            try:
+                (self.root / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def _remove_stale(root: Path, prefix: str) -> None:
+    """Deletes empty cgroups of earlier runs that were killed before they could clean up
+    (names end in the creating process's PID; a live creator's cgroup is left alone)."""
+    for d in root.glob(prefix + "*"):
+        pid = d.name.rsplit("-", 1)[-1]
+        alive = pid.isdigit() and Path(f"/proc/{pid}").exists()
+        if d.is_dir() and not alive and not _read(d / "cgroup.procs").split():
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,73 @@
+"""Heterogeneity injection: the sleep rule, and a real cgroup CPU quota (issue: fair heterogeneity)."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hvd_adaptive.config import HeteroConfig
+from hvd_adaptive.hetero import CpuQuota, Heterogeneity
+
+
+def busy(seconds: float) -> float:
+    end = time.perf_counter() + seconds
+    x = 0.0
+    while time.perf_counter() < end:
+        x += 1.0
+    return x
+
+
+def test_sleep_mode_multiplies_the_computed_span_only(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)  # record the requested extra time
+    h = Heterogeneity(HeteroConfig(slowdown={1: 3.0}), rank=1)
+    out, seconds = h.compute(lambda x: (x * 2,), 21)
+    assert out == (42,)
+    assert len(slept) == 1 and slept[0] == pytest.approx(2.0 * seconds, rel=0.5, abs=1e-3)
+    slept.clear()
+    _, span = h.compute(busy, 0.02)
+    assert slept[0] == pytest.approx(2.0 * span, rel=0.05)  # (f - 1) x the span's own time
+    fast = Heterogeneity(HeteroConfig(slowdown={1: 3.0}), rank=0)
+    fast.compute(busy, 0.01)
+    quota = Heterogeneity(HeteroConfig(slowdown={1: 3.0}, mode="cpu_quota"), rank=1)
+    quota.compute(busy, 0.01)
+    assert len(slept) == 1, "an unslowed rank and the cpu_quota mode must not sleep"
+
+
+def test_jitter_is_random_within_its_bound(monkeypatch):
+    slept = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    h = Heterogeneity(HeteroConfig(jitter=0.5), rank=0)
+    spans = [h.compute(busy, 0.002)[1] for _ in range(20)]
+    assert all(0 <= s <= 0.5 * t * 1.2 for s, t in zip(slept, spans))
+    assert len(set(slept)) == len(slept) > 1
+
+
+def test_missing_cgroup_controller_is_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError, match="no writable cgroup CPU controller.*hetero.mode=sleep"):
+        CpuQuota("x", cores=0.5, root=tmp_path)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_cpu_quota_really_slows_a_process_and_is_removed():
+    # A real cgroup (this machine and CI run as root): a busy process inside a 0.25-core quota
+    # gets about a quarter of a core, whatever else runs.
+    q = CpuQuota(f"hvd_adaptive-test-{os.getpid()}", cores=0.25)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        q.enter(child.pid)
+        assert q.pids() == [child.pid]
+        c0, t0 = _cpu_seconds(child.pid), time.perf_counter()
+        time.sleep(1.5)
+        share = (_cpu_seconds(child.pid) - c0) / (time.perf_counter() - t0)
+        assert 0.1 < share < 0.35, f"process got {share:.2f} cores under a 0.25-core quota"
+    finally:
+        child.kill()
+        child.wait()
+        q.remove()
+    assert not q.path.exists()
