@@ -1,19 +1,25 @@
-"""Side-by-side benchmark: every algorithm on the same data and seed, with and without a slowed rank.
+"""Side-by-side benchmark: every contender on the same data, seed and heterogeneity.
 
 Usage:
-  bash launch/bench.sh                                  # the recorded benchmark (docs/benchmark.md)
-  python -m hvd_adaptive.bench --config configs/bench.yaml --ranks 2 --slowdown 2.0 \
-      --algorithms sync sync_prop local sma adaptive hogbatch adaptive_hogbatch --out runs/bench
+  bash launch/bench.sh                   # 67,009 labels, 3 repeats (docs/benchmark.md)
+  bash launch/bench.sh --quick           # 13,402 labels, the quick mode
+  python -m hvd_adaptive.bench --config configs/bench.yaml --repeats 3 \
+      --algorithms sync sync_prop adaptive --scenarios even slowed quota --out runs/bench
+  python -m hvd_adaptive.bench ... --variant "adaptive_w1024=train.algorithm=adaptive,train.window_samples=1024"
 
-Each contender is a separate `mpirun -np N hvd-adaptive train` run into its own folder, one after
-the other, so they share the machine's state as fairly as a shared machine allows. The table
-gives time to a target P@1 (training seconds, evaluation excluded), P@1 reached within a fixed
-time budget, cluster efficiency, and the time-to-target ratio of `sync` over each algorithm
-(> 1: faster than sync), and for hogbatch the share of updates made by the CPU worker (in the
-slowed scenario the slowed rank stands in for the CPU). `--repeats` runs everything several
-times and reports medians.
-A second part times the merge: the weighted allreduce against a plain Horovod allreduce of the
-same tensors.
+Fairness: each contender is its own `mpirun -np N hvd-adaptive train` run, one after the other
+and interleaved per repeat, on the same synthetic data and seed, with the same heterogeneity
+(`hetero.slowdown` of the last rank: in sleep mode it multiplies only local computation, the
+same span in every algorithm; the `quota` scenario slows the rank's whole process through a
+cgroup CPU quota), and the same clock (training seconds on rank 0, evaluation excluded).
+Contenders whose defaults are not their own carry their tuned settings in CONTENDERS.
+
+The target P@1 is 90% of sync's final P@1 in the first even run (or --target); later runs stop
+once they reach it. Time and samples to target are interpolated linearly between evaluations
+(every `train.eval_every` epochs). Columns: time to target; samples to target (statistical
+efficiency); samples per second up to then (hardware efficiency); cluster efficiency (rows/s
+over the sum of the ranks' standalone rows/s); where the ranks' time went; sync's time to
+target over the contender's (> 1: sooner than sync). Medians over repeats.
 """
 from __future__ import annotations
 
@@ -25,20 +31,29 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
-# name -> config overrides; "sync_prop" is sync with LB-BSP's proportional partition.
+from hvd_adaptive.report import time_to_target
+
+# name -> config overrides. "sync_prop" is sync with LB-BSP's partition re-measured every window.
 CONTENDERS = {
     "sync": ["train.algorithm=sync"],
     "sync_prop": ["train.algorithm=sync", "sync.partition=proportional"],
     "local": ["train.algorithm=local"],
     "sma": ["train.algorithm=sma"],
     "adaptive": ["train.algorithm=adaptive"],
+    # adaptive SGD as published: per-rank optimizer state, plain weighted average, lr ~ batch
+    "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
+                       "adaptive.row_norm=false", "adaptive.lr_scaling=linear"],
     "hogbatch": ["train.algorithm=hogbatch"],
     "adaptive_hogbatch": ["train.algorithm=adaptive_hogbatch"],
 }
+SCENARIOS = ("even", "slowed", "quota")
+PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
 
 def mpi_command(ranks: int, args: list[str]) -> tuple[list[str], dict]:
+    """`mpirun -np ranks python ARGS` and its environment (root allowed, TF quiet)."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2")
     return ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
@@ -59,52 +74,69 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
             "evals": [r for r in recs if r["event"] == "eval"]}
 
 
-def time_to(evals: list[dict], target: float) -> float | None:
-    """Training seconds of the first evaluation reaching the target P@1 (None: never)."""
-    return next((e["wall_s"] for e in evals if e["p_at_1"] >= target), None)
+def measures(run: dict, target: float) -> dict:
+    """One run's figures: time and samples to target, rates, efficiency, time breakdown."""
+    s = run["summary"]
+    t = time_to_target(run["evals"], target)
+    n = time_to_target(run["evals"], target, key="samples")
+    totals = {k: sum(r.get(k, 0.0) for r in s["per_rank"]) for k in PARTS}
+    spent = sum(totals.values()) or 1.0
+    return {"t": t, "samples": n, "rate": n / t if t and n else None,
+            "eff": s["efficiency"], "final": s["final"]["p_at_1"],
+            **{k: totals[k] / spent for k in PARTS}}
 
 
-def p1_within(evals: list[dict], budget: float) -> float:
-    """Best P@1 among evaluations done within the time budget."""
-    return max((e["p_at_1"] for e in evals if e["wall_s"] <= budget), default=0.0)
-
-
-def _median(xs: list) -> float | None:
+def _median(xs: list) -> Optional[float]:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
-def table(results: dict, target: float, budget: float) -> str:
-    """Formats {scenario: {algorithm: [run, ...]}} as the benchmark's table (medians)."""
+def _cell(x: Optional[float], fmt: str, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:{width}{fmt}}"
+
+
+def table(results: dict, target: float) -> str:
+    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table (medians)."""
     lines = []
     for scenario, algos in results.items():
-        lines.append(f"\n{scenario}  (target P@1 {target:.3f}, budget {budget:.0f} s; medians over "
-                     f"{max(len(v) for v in algos.values())} repeat(s))")
-        lines.append(f"{'algorithm':<18} {'t->target s':>11} {'P@1@budget':>10} {'final P@1':>9} "
-                     f"{'train s':>8} {'effic.':>6} {'sync/this':>9} {'CPU upd.':>8}")
-        ref = _median([time_to(r["evals"], target) for r in algos.get("sync", [])])
-        for name, runs in algos.items():
-            tt = _median([time_to(r["evals"], target) for r in runs])
-            pb = _median([p1_within(r["evals"], budget) for r in runs])
-            fin = _median([r["summary"]["final"]["p_at_1"] for r in runs])
-            wall = _median([r["summary"]["train_wall_s"] for r in runs])
-            eff = _median([r["summary"]["efficiency"] for r in runs])
-            ratio = f"{ref / tt:9.2f}" if tt and ref else f"{'-':>9}"
-            share = _median([r["summary"]["algorithm_state"].get("cpu_update_share") for r in runs])
-            share = f"{share:8.2f}" if share is not None else f"{'-':>8}"
-            lines.append(f"{name:<18} {tt if tt is None else round(tt, 1)!s:>11} {pb:10.4f} {fin:9.4f} "
-                         f"{wall:8.1f} {eff:6.2f} {ratio} {share}")
+        reps = max(len(v) for v in algos.values())
+        lines.append(f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); "
+                     "time shares of all ranks)")
+        lines.append(f"{'contender':<22} {'s->target':>9} {'rows->tgt':>9} {'rows/s':>7} "
+                     f"{'effic.':>6} {'sync/this':>9} {'compute':>7} {'comm':>6} {'allgat':>6} "
+                     f"{'wait':>6} {'batch':>6}")
+        m = {name: [measures(r, target) for r in runs] for name, runs in algos.items()}
+        ref = _median([x["t"] for x in m.get("sync", [])])
+        for name, ms in m.items():
+            med = {k: _median([x[k] for x in ms]) for k in ms[0]}
+            ratio = ref / med["t"] if ref and med["t"] else None
+            lines.append(f"{name:<22} {_cell(med['t'], '.1f', 9)} {_cell(med['samples'], '.0f', 9)} "
+                         f"{_cell(med['rate'], '.0f', 7)} {_cell(med['eff'], '.2f', 6)} "
+                         f"{_cell(ratio, '.2f', 9)} {med['compute_s']:7.2f} {med['comm_s']:6.2f} "
+                         f"{med['sync_s']:6.2f} {med['wait_s']:6.2f} {med['batch_s']:6.2f}")
     return "\n".join(lines)
 
 
-def merge_benchmark(ranks: int, config: str, repeats: int) -> str:
-    """Weighted allreduce vs plain Horovod allreduce of the model's tensors (parallel run)."""
-    cmd, env = mpi_command(ranks, ["-m", "hvd_adaptive.bench_merge", "--config", config,
-                                   "--repeats", str(repeats)])
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"merge benchmark failed:\n{p.stderr[-2000:]}")
-    return p.stdout.strip()
+def scenario_sets(scen: str, ranks: int, slowdown: float) -> tuple[str, list[str]]:
+    """A scenario's label and overrides (the last rank is the slowed one)."""
+    slow = f"hetero.slowdown={{{ranks - 1}: {slowdown}}}"
+    if scen == "even":
+        return "no slowdown", []
+    if scen == "slowed":
+        return f"rank {ranks - 1} slowed {slowdown:g}x (sleep: local computation only)", [slow]
+    return f"rank {ranks - 1} slowed {slowdown:g}x (cgroup CPU quota: whole process)", \
+        [slow, "hetero.mode=cpu_quota"]
+
+
+def parse_variants(items: list[str]) -> dict:
+    """--variant NAME=key=value,key=value -> {NAME: [overrides]}."""
+    out = {}
+    for item in items:
+        name, _, sets = item.partition("=")
+        if not name or not sets:
+            raise SystemExit(f"--variant {item!r}: expected NAME=section.key=value[,section.key=value]")
+        out[name] = sets.split(",")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,46 +144,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default="configs/bench.yaml")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--slowdown", type=float, default=2.0, help="factor of the slowed rank (last rank)")
-    ap.add_argument("--algorithms", nargs="+", default=list(CONTENDERS),
+    ap.add_argument("--algorithms", nargs="*",
+                    default=["sync", "sync_prop", "local", "adaptive", "adaptive_paper"],
                     choices=sorted(CONTENDERS))
-    ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=["even", "slowed"])
+    ap.add_argument("--variant", action="append", default=[],
+                    help="an extra contender: NAME=section.key=value[,section.key=value]")
+    ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=SCENARIOS)
     ap.add_argument("--target", type=float, default=None,
-                    help="P@1 target (default: 90%% of sync's final P@1 in the even scenario)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="time budget in s for P@1@budget (default: half of sync's even training time)")
+                    help="P@1 target (default: 90%% of sync's final P@1 in the first even run)")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--merge-repeats", type=int, default=20)
     ap.add_argument("--set", action="append", default=[], help="extra overrides for every run")
     ap.add_argument("--out", default="runs/bench")
     a = ap.parse_args(argv)
+    contenders = {name: CONTENDERS[name] for name in a.algorithms}
+    contenders.update(parse_variants(a.variant))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    slow = [f"hetero.slowdown={{{a.ranks - 1}: {a.slowdown}}}"]
     results: dict = {}
+    target = a.target
     t0 = time.time()
+    if target is None:  # sync's full run fixes the target; every other run stops there
+        print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
+        ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set, out / "reference-sync")
+        target = 0.9 * ref["summary"]["final"]["p_at_1"]
+        print(f"[bench] target P@1 {target:.4f} (90% of {ref['summary']['final']['p_at_1']:.4f})", flush=True)
     for rep in range(a.repeats):
         for scen in a.scenarios:
-            label = "no slowdown" if scen == "even" else f"rank {a.ranks - 1} slowed {a.slowdown}x"
-            for name in a.algorithms:
-                sets = CONTENDERS[name] + a.set + (slow if scen == "slowed" else [])
-                if scen == "slowed" and "hogbatch" in name:
+            label, scen_sets = scenario_sets(scen, a.ranks, a.slowdown)
+            for name, sets in contenders.items():
+                run_sets = sets + a.set + scen_sets + [f"train.target_p_at_1={target}"]
+                if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
-                    sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
-                run_dir = out / f"{scen}-{name}-r{rep}"
+                    run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
                       flush=True)
-                res = run_one(a.config, a.ranks, sets, run_dir)
+                res = run_one(a.config, a.ranks, run_sets, out / f"{scen}-{name}-r{rep}")
                 results.setdefault(label, {}).setdefault(name, []).append(res)
-    first = next(iter(results.values()))
-    ref = first.get("sync") or next(iter(first.values()))
-    target = a.target or 0.9 * _median([r["summary"]["final"]["p_at_1"] for r in ref])
-    budget = a.budget or 0.5 * _median([r["summary"]["train_wall_s"] for r in ref])
-    report = table(results, target, budget)
-    merge = merge_benchmark(a.ranks, a.config, a.merge_repeats)
-    text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n{report}\n\n{merge}\n")
+                t = time_to_target(res["evals"], target)
+                print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
+    text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n"
+            f"{table(results, target)}\n")
     print(text)
     (out / "bench.txt").write_text(text)
-    print(f"runs in {out}/; plot with: hvd-adaptive report {out}/* --out {out}/report.png")
+    print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-* --out {out}/report.png")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Times the merge under MPI: weighted allreduce vs a plain Horovod allreduce of the same tensors.
 
-Usage (the benchmark runs it for you):
+Usage:
   mpirun -np 2 python -m hvd_adaptive.bench_merge --config configs/bench.yaml --repeats 20
 Builds the model of the config's shape, then alternates the two collectives and reports medians.
 """

@@ -6,8 +6,8 @@ Usage:
 
 The figure's top panel is test P@1 against training wall time (the comparison the adaptive
 SGD papers draw); below it, each rank's batch size and merge weight over time, from the
-`round` records. Time to target is the training time of the first evaluation reaching the
-target P@1 (default: 90% of the best final P@1 among the runs).
+`round` records. Time to target is the training time at which test P@1 reached the target
+(default: 90% of the best final P@1 among the runs), interpolated between evaluations.
 """
 from __future__ import annotations
 
@@ -128,11 +128,21 @@ def load_runs(folders: list[str | Path]) -> list[Run]:
             for p in paths]
 
 
-def time_to_target(evals: list[dict], target: float) -> Optional[float]:
-    """Training seconds of the first evaluation with P@1 >= target; None if none reached it."""
+def time_to_target(evals: list[dict], target: float, key: str = "wall_s") -> Optional[float]:
+    """Training seconds (or `key`, e.g. "samples") at which test P@1 reached `target`.
+
+    Linearly interpolated between the last evaluation below the target and the first at or
+    above it, so the figure does not depend on where evaluations happened to fall; the first
+    evaluation's value when it already reached the target; None if none did.
+    """
+    prev = None
     for e in evals:
         if e["p_at_1"] >= target:
-            return float(e["wall_s"])
+            if prev is None or e["p_at_1"] == prev["p_at_1"]:
+                return float(e[key])
+            frac = (target - prev["p_at_1"]) / (e["p_at_1"] - prev["p_at_1"])
+            return float(prev[key] + frac * (e[key] - prev[key]))
+        prev = e
     return None
 
 

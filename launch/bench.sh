@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# The side-by-side benchmark recorded in docs/benchmark.md: sync, sync+proportional, local, sma,
-# adaptive, hogbatch and adaptive_hogbatch on the same data and seed, with and without a 2x
-# slowed rank, then the merge cost. Prints the table; writes runs/bench/bench.txt and
-# runs/bench/report-even.png and report-slowed.png.
-#   bash launch/bench.sh                          # about 7-8 minutes a repeat on 2 cores
-#   REPEATS=3 bash launch/bench.sh --algorithms sync adaptive
+# The fair side-by-side benchmark recorded in docs/benchmark.md: sync, sync with the
+# re-measured proportional partition, local SGD and adaptive SGD on the same data, seed and
+# heterogeneity, without and with rank 1 slowed 2x. Prints the table (medians of REPEATS, ratios
+# against sync); writes $OUT/bench.txt and one figure per scenario.
+#   bash launch/bench.sh                       # 67,009 labels, 3 repeats: about 45 minutes here
+#   bash launch/bench.sh --quick               # 13,402 labels (configs/bench_quick.yaml)
+#   REPEATS=1 bash launch/bench.sh --scenarios quota    # rank 1 under a real cgroup CPU quota
+#   bash launch/bench.sh --algorithms sync adaptive --variant "w1k=train.algorithm=adaptive,train.window_samples=1024"
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_ADAPTIVE_VENV:-$REPO/.venv}
+CONFIG=${CONFIG:-configs/bench.yaml}
 OUT=${OUT:-runs/bench}
+args=()
+for a in "$@"; do
+  if [ "$a" = --quick ]; then CONFIG=configs/bench_quick.yaml; OUT=${OUT%/}-quick; else args+=("$a"); fi
+done
 cd "$REPO"
-"$VENV/bin/python" -m hvd_adaptive.bench --config "${CONFIG:-configs/bench.yaml}" \
-  --repeats "${REPEATS:-1}" --out "$OUT" "$@"
+"$VENV/bin/python" -m hvd_adaptive.bench --config "$CONFIG" --repeats "${REPEATS:-3}" --out "$OUT" "${args[@]}"
 # One figure per scenario, first repeat only (all repeats would bury the curves).
-for scen in even slowed; do
+for scen in even slowed quota; do
+  ls -d "$OUT"/$scen-*-r0/ >/dev/null 2>&1 || continue
   "$VENV/bin/hvd-adaptive" report "$OUT"/$scen-*-r0/ --out "$OUT/report-$scen.png"
 done

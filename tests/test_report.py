@@ -33,11 +33,12 @@ def write_run(folder, records, summary=None, tail=""):
 START = {"event": "start", "algorithm": "adaptive", "ranks": 2}
 
 
-def test_time_to_target_is_first_eval_reaching_it():
+def test_time_to_target_interpolates_up_to_the_first_eval_reaching_it():
     evals = [ev(1.0, 0.2), ev(2.0, 0.5), ev(3.0, 0.4), ev(4.0, 0.6)]
     assert time_to_target(evals, 0.5) == 2.0     # >=, and the first such one
-    assert time_to_target(evals, 0.45) == 2.0
-    assert time_to_target(evals, 0.6) == 4.0
+    assert time_to_target(evals, 0.45) == pytest.approx(1.0 + 0.25 / 0.3)  # between 1 s and 2 s
+    assert time_to_target(evals, 0.6) == pytest.approx(4.0)  # from the dip at 3 s
+    assert time_to_target(evals, 0.1) == 1.0     # reached at the first evaluation
     assert time_to_target(evals, 0.61) is None
     assert time_to_target([], 0.1) is None
 
@@ -79,7 +80,8 @@ def test_rows_prefer_summary_and_default_target(tmp_path):
     rows = table_rows(runs, target)
     assert rows[0] == {"run": "x/run", "algorithm": "sync", "p_at_1": 0.7, "p_at_3": 0.35,
                        "p_at_5": pytest.approx(0.7 / 3), "best_p_at_1": 0.7, "train_s": 3.5,
-                       "time_to_target": 3.0, "efficiency": 0.8}
+                       "time_to_target": pytest.approx(1.0 + 2.0 * (0.63 - 0.5) / 0.15),
+                       "efficiency": 0.8}
     assert rows[1]["algorithm"] == "adaptive" and rows[1]["time_to_target"] is None
     assert rows[1]["efficiency"] is None and rows[1]["train_s"] == 2.0
     text = format_table(rows, target).splitlines()
@@ -106,7 +108,7 @@ def test_figure_is_a_png_and_table_is_printed(tmp_path, capsys):
     assert main(args) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split()[0] == "adaptive" and lines[1].split()[-2:] == ["1.0", "-"]
+    assert lines[1].split()[0] == "adaptive" and lines[1].split()[-2:] == ["0.8", "-"]  # 0.75 s, interpolated
     assert lines[2].split()[0] == "sync" and lines[2].split()[-2] == "0.7"
 
 
