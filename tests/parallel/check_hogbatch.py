@@ -17,6 +17,7 @@ from hvd_adaptive import algorithms, distributed, trainer
 from hvd_adaptive.algorithms.base import RoundStats
 from hvd_adaptive.algorithms.hogbatch import SKIPPED, SharedModel
 from hvd_adaptive.config import load_config
+from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.model import Optimizer, SparseMLP
 
 EPOCHS = 3
@@ -34,7 +35,7 @@ def real_workers(c) -> object:
     train_ds, _ = trainer.load_data(cfg, c)
     model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model)
     algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim),
-                                               train_ds))
+                                               train_ds, Heterogeneity(cfg.hetero, c.rank)))
     algo.setup()
     algo.trace()
     rounds = samples = 0
