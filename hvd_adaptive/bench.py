@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set, out / "reference-sync")
         target = 0.9 * ref["summary"]["final"]["p_at_1"]
         print(f"[bench] target P@1 {target:.4f} (90% of {ref['summary']['final']['p_at_1']:.4f})", flush=True)
+    (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
     for rep in range(a.repeats):
         for scen in a.scenarios:
             label, scen_sets = scenario_sets(scen, a.ranks, a.slowdown)
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{table(results, target)}\n")
     print(text)
     (out / "bench.txt").write_text(text)
-    print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-* --out {out}/report.png")
+    print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
+          f"--out {out}/report.png")
     return 0
 
 

@@ -3,8 +3,8 @@
 # re-measured proportional partition, local SGD and adaptive SGD on the same data, seed and
 # heterogeneity, without and with rank 1 slowed 2x. Prints the table (medians of REPEATS, ratios
 # against sync); writes $OUT/bench.txt and one figure per scenario.
-#   bash launch/bench.sh                       # 67,009 labels, 3 repeats: about 45 minutes here
-#   bash launch/bench.sh --quick               # 13,402 labels (configs/bench_quick.yaml)
+#   bash launch/bench.sh                       # 67,009 labels, 3 repeats: about 40 minutes here
+#   bash launch/bench.sh --quick               # 13,402 labels (configs/bench_quick.yaml): ~10 minutes
 #   REPEATS=1 bash launch/bench.sh --scenarios quota    # rank 1 under a real cgroup CPU quota
 #   bash launch/bench.sh --algorithms sync adaptive --variant "w1k=train.algorithm=adaptive,train.window_samples=1024"
 set -euo pipefail
@@ -21,5 +21,6 @@ cd "$REPO"
 # One figure per scenario, first repeat only (all repeats would bury the curves).
 for scen in even slowed quota; do
   ls -d "$OUT"/$scen-*-r0/ >/dev/null 2>&1 || continue
-  "$VENV/bin/hvd-adaptive" report "$OUT"/$scen-*-r0/ --out "$OUT/report-$scen.png"
+  "$VENV/bin/hvd-adaptive" report "$OUT"/$scen-*-r0/ --target "$(cat "$OUT/target.txt")" \
+    --out "$OUT/report-$scen.png"
 done
