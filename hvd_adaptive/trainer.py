@@ -8,7 +8,9 @@ fairly. A resumed run (checkpoint.resume: auto) cuts metrics.jsonl back to where
 was taken and continues the curve from there.
 
 Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
-default every rank) raises RuntimeError at the start of that round, to test fail-fast.
+default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
+HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
+non-finite guards.
 """
 from __future__ import annotations
 
@@ -273,7 +275,11 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
 
     while True:
         if rnd == fail_at:
-            raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
+            if os.environ.get("HVD_ADAPTIVE_FAIL_KIND") == "nan":
+                w = algo.model.variables_list[0]
+                w.assign(tf.fill(tf.shape(w), float("nan")))
+            else:
+                raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
         t0 = time.perf_counter()
         stats = algo.run_round()
         if stats is None:

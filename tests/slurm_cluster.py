@@ -25,7 +25,6 @@ import subprocess
 import time
 from pathlib import Path
 
-MUNGE_KEY = Path("/etc/munge/munge.key")
 _BINARIES = ("munged", "munge", "unmunge", "setpriv", "slurmctld", "slurmd", "sinfo", "squeue",
              "sbatch", "scancel", "srun")
 _USERS = ("munge", "slurm")
@@ -128,18 +127,19 @@ class SlurmCluster:
 
     def _start_munged(self) -> None:
         munge = pwd.getpwnam("munge")
-        if not MUNGE_KEY.exists():
-            subprocess.run(["mungekey", "--create", f"--keyfile={MUNGE_KEY}"], check=True,
-                           capture_output=True)
-            os.chown(MUNGE_KEY, munge.pw_uid, munge.pw_gid)
-            MUNGE_KEY.chmod(0o400)
-        # Every path munged touches is private to this cluster, so a munged still bound to
-        # /run/munge (a crashed earlier run, or the system's) neither blocks nor serves us.
+        # Every path munged touches, its key included, is private to this cluster and goes
+        # with its folder: the machine's /etc/munge is neither read nor created, and a munged
+        # still bound to /run/munge (a crashed earlier run, or the system's) neither blocks
+        # nor serves us.
         run = self.workdir / "munge"
+        key = run / "munge.key"
+        subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
+        os.chown(key, munge.pw_uid, munge.pw_gid)
+        key.chmod(0o400)
         self._spawn("munged", [
             "setpriv", "--reuid=munge", "--regid=munge", "--init-groups",
             "munged", "--foreground", f"--socket={self.munge_socket}",
-            f"--key-file={MUNGE_KEY}", f"--pid-file={run / 'munged.pid'}",
+            f"--key-file={key}", f"--pid-file={run / 'munged.pid'}",
             f"--seed-file={run / 'munged.seed'}",
         ], os.environ.copy())
         deadline = time.monotonic() + 20

@@ -104,7 +104,19 @@ def test_nan_loss_stops_with_a_clear_message_and_no_bad_checkpoint(tmp_path):
     p = cli(["--run-dir", str(run)] + sets(optim__lr="1.0e+30", checkpoint__every=1))
     assert p.returncode != 0
     assert "FloatingPointError: loss became" in p.stderr and "lower optim.lr" in p.stderr, p.stderr
+
+
+def test_a_model_gone_nan_keeps_the_last_good_checkpoints(tmp_path):
+    # The test hook writes NaN into the model at the start of round 6: rounds 0-5 ended with a
+    # checkpoint each (the newest 3 kept), round 6's loss is NaN and no checkpoint follows it.
+    run = tmp_path / "r"
+    p = cli(["--run-dir", str(run)] + sets(checkpoint__every=1), HVD_ADAPTIVE_FAIL_AT_ROUND="6",
+            HVD_ADAPTIVE_FAIL_KIND="nan")
+    assert p.returncode != 0
+    assert "FloatingPointError: loss became nan" in p.stderr and "(round 6)" in p.stderr, p.stderr
     from hvd_adaptive import checkpoint as ck
 
-    for c in (run / "checkpoints").glob("ckpt-*"):  # whatever was written is finite
+    kept = sorted(c.name for c in (run / "checkpoints").glob("ckpt-*"))
+    assert kept == ["ckpt-4", "ckpt-5", "ckpt-6"], kept
+    for c in (run / "checkpoints").glob("ckpt-*"):
         assert ck.all_finite(ck.load(c)[0])
