@@ -75,7 +75,9 @@ def raw_increments(c, rounds: int = 20, updates: int = 150) -> None:
         sums = c.comm.allgather([float(w.sum(dtype=np.float64)), float(b.sum(dtype=np.float64))])
         assert all(s == sums[0] for s in sums), f"round {k}: ranks read different shared values {sums}"
     done = float(b[0])
-    assert 0 < done <= total and np.all(b == np.round(b)), (done, total)
+    # Lost updates are part of Hogwild, but rare: 3 ranks racing on the same few values lost
+    # none of 9,000 here. More than a tenth lost would mean writes clobbering each other.
+    assert 0.9 * total <= done <= total and np.all(b == np.round(b)), (done, total)
     if r == 0:
         print(f"raw increments: {done:.0f} of {total} landed on the bias "
               f"({1 - done / total:.1%} lost to write races)")
