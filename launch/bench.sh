@@ -5,7 +5,7 @@
 # against sync); writes $OUT/bench.txt and one figure per scenario.
 #   bash launch/bench.sh                       # 67,009 labels, 3 repeats: about 40 minutes here
 #   bash launch/bench.sh --quick               # 13,402 labels (configs/bench_quick.yaml): ~10 minutes
-#   REPEATS=1 bash launch/bench.sh --scenarios quota    # rank 1 under a real cgroup CPU quota
+#   OUT=runs/bench-quota REPEATS=1 bash launch/bench.sh --scenarios quota   # a real cgroup CPU quota
 #   bash launch/bench.sh --algorithms sync adaptive --variant "w1k=train.algorithm=adaptive,train.window_samples=1024"
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
