@@ -239,8 +239,8 @@ class HogbatchConfig:
     cpu_ranks: list[int] = field(default_factory=list)
     """Ranks that are CPU workers (small batches); the others are GPU workers (their GPU if any)."""
     cpu_threads: Optional[int] = None
-    """TensorFlow threads of CPU workers; None: as train.threads. Not applied yet: thread pools
-    are sized in distributed.init (a CPU rank warns; docs/hogbatch.md)."""
+    """TensorFlow threads of CPU workers; None: as train.threads. Applied when the ranks start
+    (cli passes hogbatch.worker_threads to distributed.init)."""
     cpu_batch: int = 16
     """Starting batch of CPU workers (plain hogbatch keeps it)."""
     gpu_batch: Optional[int] = None

@@ -148,7 +148,8 @@ class WeightedAllreduce:
     Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"),
     so each rank multiplies its variables by its own normalized weight w_i / sum w locally (the
     sum is known to every rank after the timing allgather) and all variables go through one
-    grouped_allreduce with op=Sum. The cost is that of one plain allreduce of the same tensors.
+    grouped_allreduce with op=Sum. That local multiply is one extra pass over the variables: the
+    merge measured 1.35x a plain allreduce of the same 19.1 M parameters (bench_merge).
     """
 
     def __init__(self, variables: Sequence):
