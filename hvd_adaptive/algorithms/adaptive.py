@@ -117,11 +117,12 @@ class Adaptive(Algorithm):
         if self.counter is not None:
             self.counter.prepare(w.index)
         stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr))
+        if self.touched is not None:  # rows touched in this window only (not by calibration)
+            self.touched[:] = False
         for rows in self._claims(w, b):
             self.local_step(rows, stats)
 
-        t0 = time.perf_counter()
-        comm.Barrier()  # waiting for the last rank to finish its batch, measured apart
+        comm.Barrier()  # waiting for the last rank to finish its batch is not communication
         t1 = time.perf_counter()
         # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
         info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
@@ -135,7 +136,7 @@ class Adaptive(Algorithm):
         if self.a.merge_momentum > 0:
             self._block_momentum()
         t3 = time.perf_counter()
-        stats.wait_s, stats.sync_s, stats.comm_s = t1 - t0, t2 - t1, t3 - t2
+        stats.sync_s, stats.comm_s = t2 - t1, t3 - t2
         stats.weight = float(self.weights[r])
         stats.extra["share"] = float(self.p[r])
         rate = info[:, 1] / np.maximum(info[:, 2], 1e-9)
@@ -150,7 +151,6 @@ class Adaptive(Algorithm):
         share = allreduce_sum_np(self.cluster.comm, self.touched.astype(np.float32) * np.float32(weight))
         rows = np.flatnonzero(share > 0)
         self._renormalize(tf.constant(rows, tf.int64), tf.constant(1.0 / share[rows], tf.float32))
-        self.touched[:] = False
 
     def _block_momentum(self) -> None:
         mu = self.a.merge_momentum

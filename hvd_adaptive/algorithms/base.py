@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -74,7 +75,9 @@ class RoundStats:
     Where the round's time went: `batch_s` building batches from the data, `compute_s` local
     computation (forward, backward, optimizer update; with the injected slowdown), `comm_s`
     moving model data (allreduce of gradients, merge of replicas, shared-memory copies),
-    `sync_s` exchanging timings (allgather), `wait_s` the rest: waiting for other ranks.
+    `sync_s` exchanging timings (allgather), `wait_s` the rest: waiting for other ranks (the
+    algorithms enter each collective through a barrier, so that waiting is not counted as
+    communication).
     """
 
     epoch: float
@@ -186,19 +189,28 @@ class Algorithm:
         n = self.ctx.train.n_rows
         rng = np.random.default_rng(7 + self.cluster.rank)
         batches = [self.batch(rng.integers(0, n, size=min(batch_size, n))) for _ in range(steps)]
-        keep = [*self.variables, *self.opt.slot_variables()]
-        saved = [v.numpy() for v in keep]
-        self.hetero.compute(self._local_step, *batches[0])  # not timed: first run optimizes
         rows = seconds = 0.0
         done = 0
-        while done < steps or seconds < min_seconds:
-            b = batches[done % steps]
-            seconds += self.hetero.compute(self._local_step, *b)[1]
-            rows += int(b[-1])
-            done += 1
-        for v, x in zip(keep, saved):
-            v.assign(x)
+        with self.unchanged():
+            self.hetero.compute(self._local_step, *batches[0])  # not timed: first run optimizes
+            while done < steps or seconds < min_seconds:
+                b = batches[done % steps]
+                seconds += self.hetero.compute(self._local_step, *b)[1]
+                rows += int(b[-1])
+                done += 1
         return rows / seconds
+
+    @contextmanager
+    def unchanged(self) -> Iterator[None]:
+        """Steps run inside change nothing: model, optimizer state and learning rate are put
+        back afterwards (warm-up runs and calibration before the clock starts)."""
+        keep = [*self.variables, *self.opt.slot_variables(), self.opt.lr]
+        saved = [np.array(v.numpy(), copy=True) for v in keep]  # never alias a variable
+        try:
+            yield
+        finally:
+            for v, x in zip(keep, saved):
+                v.assign(x)
 
     # ---- interface -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -208,18 +220,12 @@ class Algorithm:
         """Traces the step functions before the clock starts, so tracing is not training time.
 
         The first execution of a traced step is slow too (graph optimization, kernel set-up),
-        so the local step also runs once with learning rate 0 and the optimizer state put back:
-        the model is unchanged.
+        so the local step also runs once, with its effects undone.
         """
         for fn in self.step_functions():
             fn.get_concrete_function()
-        saved = [v.numpy() for v in self.opt.slot_variables()]
-        lr = float(self.opt.lr)
-        self.opt.lr.assign(0.0)
-        self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
-        self.opt.lr.assign(lr)
-        for v, x in zip(self.opt.slot_variables(), saved):
-            v.assign(x)
+        with self.unchanged():
+            self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
 
     def run_round(self) -> Optional[RoundStats]:
         w = self.next_window()

@@ -256,15 +256,12 @@ class Hogbatch(Algorithm):
         """Traces, then runs pull and push once (their first run optimizes the graph, about a
         second, which must not count as training); their effects are undone."""
         super().trace()
-        keep = [*self.variables, *self.opt.slot_variables()]
-        saved = [v.numpy().copy() for v in keep]
         b = make_batch(self.ctx.train, np.arange(min(self.b, self.ctx.train.n_rows)))
         ids = tf.constant(np.unique(b.feat_ids))
-        args = (ids, tf.gather(self.variables[0], ids), *[tf.identity(v) for v in self.variables[1:]])
-        self._pull(*args)
-        self._deltas(*args)
-        for v, x in zip(keep, saved):
-            v.assign(x)
+        with self.unchanged():
+            args = (ids, tf.gather(self.variables[0], ids), *[tf.identity(v) for v in self.variables[1:]])
+            self._pull(*args)
+            self._deltas(*args)
 
     # ---- one update ----------------------------------------------------------------------
     def _update(self, rows: np.ndarray, stats: RoundStats) -> None:

@@ -10,7 +10,7 @@ before the allreduce separates waiting for the slowest rank from the transfer it
 partition "equal": every rank takes train.batch_size rows a step. partition "proportional"
 (LB-BSP): the global batch is split so that every rank's local computation takes equally long,
 from per-row and per-step times measured in the training steps themselves and re-measured
-every window (`sync.remeasure`); each rank's gradient is weighted by its share of the rows, so
+every window (blended by `sync.smoothing`); each rank's gradient is weighted by its share of the rows, so
 the summed gradient is the mean over the global batch whatever the split.
 """
 from __future__ import annotations
@@ -73,31 +73,24 @@ class Sync(Algorithm):
     def trace(self) -> None:
         super().trace()
         # The gradient functions take IndexedSlices of varying length: trace allreduce and update
-        # on two batch sizes (so the traced shapes relax) with share 0, which changes nothing,
-        # and pay Horovod's first-use set-up before the clock starts.
-        keep = [v.numpy() for v in self.opt.slot_variables()]
-        lr = float(self.opt.lr)
-        self.opt.lr.assign(0.0)
-        for size in (8, 16):
-            rows = np.arange(min(size, self.ctx.train.n_rows))
-            _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
-            self._update(self._allreduce(grads))
-        self.opt.lr.assign(lr)
-        for v, x in zip(self.opt.slot_variables(), keep):
-            v.assign(x)
+        # on two batch sizes (so the traced shapes relax), effects undone, and pay Horovod's
+        # first-use set-up before the clock starts.
+        with self.unchanged():
+            for size in (8, 16):
+                rows = np.arange(min(size, self.ctx.train.n_rows))
+                _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
+                self._update(self._allreduce(grads))
 
     def step(self, rows: np.ndarray, share: float, stats: RoundStats) -> None:
         """One synchronous step on this rank's `rows`, `share` of the global batch."""
         batch = self.batch(rows, stats)
         (loss, grads), t_grad = self.hetero.compute(self._gradient, *batch, tf.constant(share, tf.float32))
-        t0 = time.perf_counter()
-        self.cluster.comm.Barrier()  # waiting for the slowest rank, measured apart from transfer
+        self.cluster.comm.Barrier()  # waiting for the slowest rank is not counted as transfer
         t1 = time.perf_counter()
         summed = self._allreduce(grads)
         _ready(summed[-1])  # the allreduce has finished once its results are readable
         t2 = time.perf_counter()
         _, t_upd = self.hetero.compute(self._update, summed)
-        stats.wait_s += t1 - t0
         stats.comm_s += t2 - t1
         stats.add_step(len(rows), float(loss), t_grad + t_upd)
         stats.extra["grad_s"] = stats.extra.get("grad_s", 0.0) + t_grad
