@@ -1,4 +1,5 @@
-"""Compare run folders: a table of final accuracy and time to a target, and one figure.
+"""Compare run folders: a table of final accuracy (with PSP@k when the runs' evaluations have
+it) and time to a target, and one figure.
 
 Usage:
   hvd-adaptive report runs/sync runs/adaptive --out report.png
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 TARGET_FRACTION = 0.9
+PSP_KEYS = ("psp_at_1", "psp_at_3", "psp_at_5")
 
 
 class ReportError(ValueError):
@@ -160,6 +162,8 @@ def table_rows(runs: list[Run], target: Optional[float]) -> list[dict]:
         rows.append({
             "run": r.name, "algorithm": r.algorithm,
             "p_at_1": f.get("p_at_1"), "p_at_3": f.get("p_at_3"), "p_at_5": f.get("p_at_5"),
+            # propensity-scored precision: only in runs whose evaluations computed it
+            **{key: f.get(key) for key in PSP_KEYS},
             "best_p_at_1": max((e["p_at_1"] for e in r.evals), default=None),
             "train_s": r.train_s,
             "time_to_target": time_to_target(r.evals, target) if target is not None else None,
@@ -169,10 +173,15 @@ def table_rows(runs: list[Run], target: Optional[float]) -> list[dict]:
 
 
 def format_table(rows: list[dict], target: Optional[float]) -> str:
-    """Aligned text table; "-" marks missing values (e.g. a target never reached)."""
+    """Aligned text table; "-" marks missing values (e.g. a target never reached).
+
+    PSP@1/3/5 columns appear when at least one run has them.
+    """
     ttt = f"s to P@1>={target:.3f}" if target is not None else "s to target"
+    psp = [(f"PSP@{key[-1]}", key, "{:.4f}") for key in PSP_KEYS
+           if any(row.get(key) is not None for row in rows)]
     cols = [("run", "run", "{}"), ("algorithm", "algorithm", "{}"), ("P@1", "p_at_1", "{:.4f}"),
-            ("P@3", "p_at_3", "{:.4f}"), ("P@5", "p_at_5", "{:.4f}"),
+            ("P@3", "p_at_3", "{:.4f}"), ("P@5", "p_at_5", "{:.4f}"), *psp,
             ("best P@1", "best_p_at_1", "{:.4f}"), ("train s", "train_s", "{:.1f}"),
             (ttt, "time_to_target", "{:.1f}"), ("efficiency", "efficiency", "{:.2f}")]
     cells = [[h for h, _, _ in cols]]

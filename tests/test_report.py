@@ -79,7 +79,8 @@ def test_rows_prefer_summary_and_default_target(tmp_path):
     assert target == pytest.approx(0.9 * 0.7)
     rows = table_rows(runs, target)
     assert rows[0] == {"run": "x/run", "algorithm": "sync", "p_at_1": 0.7, "p_at_3": 0.35,
-                       "p_at_5": pytest.approx(0.7 / 3), "best_p_at_1": 0.7, "train_s": 3.5,
+                       "p_at_5": pytest.approx(0.7 / 3), "psp_at_1": None, "psp_at_3": None,
+                       "psp_at_5": None, "best_p_at_1": 0.7, "train_s": 3.5,
                        "time_to_target": pytest.approx(1.0 + 2.0 * (0.63 - 0.5) / 0.15),
                        "efficiency": 0.8}
     assert rows[1]["algorithm"] == "adaptive" and rows[1]["time_to_target"] is None
@@ -120,3 +121,16 @@ def test_cli_errors_exit_2(tmp_path, capsys):
     assert "--target" in capsys.readouterr().err
     assert cli_main(["report", str(run), "--out", str(tmp_path / "r.pdf")]) == 2
     assert "PNG" in capsys.readouterr().err
+
+
+def test_psp_columns_only_when_a_run_has_them(tmp_path):
+    plain = write_run(tmp_path / "plain", [START, ev(1.0, 0.5)])
+    scored = write_run(tmp_path / "scored", [START, dict(ev(1.0, 0.6), psp_at_1=0.21, psp_at_3=0.25,
+                                                         psp_at_5=0.3, psndcg_at_5=0.28)])
+    text = format_table(table_rows(load_runs([plain]), 0.4), 0.4).splitlines()
+    assert "PSP" not in text[0]
+    text = format_table(table_rows(load_runs([plain, scored]), 0.4), 0.4).splitlines()
+    header = text[0].split()
+    assert header[5:8] == ["PSP@1", "PSP@3", "PSP@5"]
+    assert text[1].split()[5:8] == ["-", "-", "-"]  # the run without them
+    assert text[2].split()[2:8] == ["0.6000", "0.3000", "0.2000", "0.2100", "0.2500", "0.3000"]
