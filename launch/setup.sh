@@ -62,11 +62,12 @@ PY="$VENV/bin/python"
 PYVER=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-stamp="$VENV/.hvd_adaptive-deps-$FLAVOUR-$TF_VERSION"
+# -rN: raised whenever the package list below changes, so set-up machines install the change
+stamp="$VENV/.hvd_adaptive-deps-$FLAVOUR-$TF_VERSION-r2"
 if [ ! -e "$stamp" ]; then
   log "installing $TF_PKG and the Python dependencies (first time only)"
   "$PY" -m pip install -q --upgrade pip setuptools wheel
-  "$PY" -m pip install -q "$TF_PKG" "numpy<2.5" scipy pyyaml matplotlib pytest
+  "$PY" -m pip install -q "$TF_PKG" "numpy<2.5" scipy pyyaml matplotlib pytest napkinxc tensorboard
   # mpi4py is compiled against the system OpenMPI that Horovod also uses.
   "$PY" -m pip install -q --no-binary mpi4py "mpi4py>=4,<5"
   touch "$stamp"
