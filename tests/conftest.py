@@ -8,6 +8,11 @@ import pytest
 from slurm_cluster import SlurmCluster, slurm_available
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "multinode: runs ranks on several namespaced nodes "
+                            "(tests/nodes.py; root, iproute2)")
+
+
 @pytest.fixture(scope="session")
 def cluster():
     if not slurm_available():
