@@ -64,6 +64,10 @@ def init(threads: Optional[int] = None,
     mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
 
+    # Horovod's background thread calls MPI while this thread calls mpi4py: a lower level than
+    # requested would corrupt MPI's state later, far from the cause, so it is checked first.
+    require_thread_level(MPI.Query_thread(), MPI)
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     import horovod.tensorflow as hvd
@@ -85,6 +89,19 @@ def init(threads: Optional[int] = None,
     device = _pick_gpu(tf, hvd.local_rank()) or "/CPU:0"
     return Cluster(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=local_size, device=device, threads=n_threads, comm=comm)
+
+
+def require_thread_level(granted: int, MPI) -> None:
+    """Fails clearly when MPI granted less than MPI_THREAD_MULTIPLE (see `init`)."""
+    if granted >= MPI.THREAD_MULTIPLE:
+        return
+    names = {MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE", MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+             MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED"}
+    raise RuntimeError(
+        f"MPI granted thread level {names.get(granted, granted)}, but hvd_adaptive needs "
+        "MPI_THREAD_MULTIPLE: Horovod's background thread and mpi4py call MPI at the same "
+        "time. Use an MPI built with thread support (OpenMPI: --enable-mpi-thread-multiple, "
+        "the default since 3.0; check `ompi_info | grep -i thread`)")
 
 
 def shutdown() -> None:
@@ -194,7 +211,7 @@ class SharedCounter:
     rank 0 can reset the next window's slot while others may still read the current one.
     """
 
-    def __init__(self, comm):
+    def __init__(self, comm, barrier: bool = True):
         from mpi4py import MPI
 
         self.MPI = MPI
@@ -204,7 +221,8 @@ class SharedCounter:
         if comm.Get_rank() == 0:
             self._reset(0)
             self._reset(1)
-        comm.Barrier()
+        if barrier:  # nobody claims before rank 0 zeroed the slots
+            comm.Barrier()
 
     def _reset(self, slot: int) -> None:
         zero = np.zeros(1, np.int64)
@@ -252,3 +270,34 @@ class SharedCounter:
 
     def free(self) -> None:
         self.win.Free()
+
+
+def shared_counter(comm) -> Optional[SharedCounter]:
+    """The dynamic scheduler's counter, or None (once warned) when MPI cannot host it.
+
+    Across nodes OpenMPI's default one-sided component can refuse the window ("MPI_ERR_WIN:
+    invalid window"; `--mca osc ucx` works, docs/multinode.md). The ranks agree on the outcome
+    with an allgather, so either all of them use the counter or all take the caller's fallback;
+    a rank alone on the fallback would train rows the others also claim.
+    """
+    from mpi4py import MPI
+
+    counter, why = None, ""
+    try:
+        counter = SharedCounter(comm, barrier=False)
+        counter.fetch_add(0, 0)  # the first atomic operation fails where the window is unusable
+    except MPI.Exception as e:
+        counter, why = None, e.Get_error_string().strip() or str(e)
+    everyone = comm.allgather(why)
+    if not any(everyone):
+        comm.Barrier()  # rank 0 zeroed the slots before anyone claims
+        return counter
+    if comm.Get_rank() == 0:
+        failed = [r for r, w in enumerate(everyone) if w]
+        sys.stderr.write(
+            f"warning: MPI one-sided windows do not work in this job (rank(s) {failed}: "
+            f"{next(w for w in everyone if w)}); adaptive.scheduler falls back to static: each rank "
+            "takes a part of every window in proportion to its measured speed. For the dynamic "
+            "scheduler across nodes run OpenMPI with --mca osc ucx (docs/multinode.md)\n")
+        sys.stderr.flush()
+    return None

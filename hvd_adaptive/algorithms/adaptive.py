@@ -21,8 +21,8 @@ import tensorflow as tf
 
 from hvd_adaptive import balance
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
-from hvd_adaptive.distributed import (SharedCounter, WeightedAllreduce, allgather, allreduce_sum_np,
-                                      broadcast_variables)
+from hvd_adaptive.distributed import (WeightedAllreduce, allgather, allreduce_sum_np, broadcast_variables,
+                                      shared_counter)
 
 
 class Adaptive(Algorithm):
@@ -45,7 +45,9 @@ class Adaptive(Algorithm):
         # Optimizer state under averaging: each rank's own (local), or merged with the model.
         slots = self.opt.slot_variables()[:-1] if a.opt_state != "local" else []
         self.merge = WeightedAllreduce(self.variables + slots)
-        self.counter = SharedCounter(self.cluster.comm) if a.scheduler == "rma" else None
+        # Dynamic scheduling needs MPI one-sided windows; where MPI cannot host them (across
+        # nodes under OpenMPI's default osc) every rank takes the static scheduler instead.
+        self.counter = shared_counter(self.cluster.comm) if a.scheduler == "rma" else None
         # Row-normalized merge of the input layer: rows touched by some ranks only are averaged
         # over those ranks (see _normalize_rows).
         w1 = self.variables[0]
