@@ -11,6 +11,12 @@ under ``workdir``, and the daemons are stopped by PID on exit whatever happened.
 depends on a clean machine: the munge socket and the Slurm ports are private to each cluster,
 so daemons left over from a crashed earlier run (or system ones) never block a new cluster.
 The recipe follows /work/shared/ENVIRONMENT.md ("A real Slurm cluster on one machine").
+
+Several nodes: given ``nodes`` (a running tests/nodes.py ``Nodes``), slurmctld listens on the
+bridge's address and one slurmd runs inside each node's namespaces, under the node's name:
+
+    with Nodes(2) as nodes, SlurmCluster(workdir, cpus=2, nodes=nodes) as cluster:
+        cluster.sbatch_wait(["--nodes=2", "--ntasks-per-node=1", "--wrap", "srun hostname"])
 """
 
 from __future__ import annotations
@@ -76,10 +82,18 @@ class SlurmCluster:
             to trust the configuration), which lets jobs run more ranks than cores.
     """
 
-    def __init__(self, workdir: Path, cpus: int = 2):
+    def __init__(self, workdir: Path, cpus: int = 2, nodes=None):
         self.workdir = Path(workdir).resolve()
         self.cpus = cpus
+        self.nodes = nodes
         self.host = socket.gethostname().split(".")[0]
+        # (node name, address) of every slurmd; the controller's address as nodes reach it.
+        if nodes is None:
+            self.node_addrs = [(self.host, "127.0.0.1")]
+            self.ctld_addr = "127.0.0.1"
+        else:
+            self.node_addrs = list(zip(nodes.names, nodes.addrs))
+            self.ctld_addr = nodes.head_addr
         self.conf = self.workdir / "etc" / "slurm.conf"
         self.munge_socket = self.workdir / "munge" / "munge.socket.2"
         self._log_dir = self.workdir / "log"
@@ -104,7 +118,18 @@ class SlurmCluster:
             self._write_conf()
             env = self.env()
             self._spawn("slurmctld", ["slurmctld", "-D"], env)
-            self._spawn("slurmd", ["slurmd", "-D"], env)
+            if self.nodes is None:
+                self._spawn("slurmd", ["slurmd", "-D"], env)
+            else:  # one slurmd per node, inside the node's namespaces, under its name
+                for i, (name, _) in enumerate(self.node_addrs):
+                    # Slurm's PMIx keeps per-step folders in TmpFS under names without the
+                    # node's: each node gets its own folder mounted at the common TmpFS path.
+                    private = self.workdir / "nodetmp" / name
+                    private.mkdir(parents=True, exist_ok=True)
+                    private.chmod(0o1777)
+                    argv = ["unshare", "--mount", "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+                            "sh", str(private), str(self.workdir / "tmp"), "slurmd", "-D", "-N", name]
+                    self._spawn(f"slurmd-{i}", self.nodes.on(i, argv, host_sys=True), env)
             self._wait_idle(timeout=60)
         except BaseException:
             self._stop()
@@ -116,7 +141,7 @@ class SlurmCluster:
         munge = pwd.getpwnam("munge")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o755)
-        for name, owner in (("etc", None), ("spool", None), ("jobs", None),
+        for name, owner in (("etc", None), ("spool", None), ("jobs", None), ("tmp", None),
                             ("state", slurm), ("log", slurm), ("run", slurm), ("munge", munge)):
             folder = self.workdir / name
             folder.mkdir(exist_ok=True)
@@ -156,10 +181,12 @@ class SlurmCluster:
 
     def _write_conf(self) -> None:
         w = self.workdir
+        nodes = "".join(f"NodeName={name} NodeAddr={addr} CPUs={self.cpus} RealMemory=2000 "
+                        "State=UNKNOWN\n" for name, addr in self.node_addrs)
         self.conf.write_text(f"""\
 # Written by tests/slurm_cluster.py for one test cluster; every path is inside {w}.
 ClusterName=hvdtest
-SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldHost={self.host}({self.ctld_addr})
 SlurmUser=slurm
 # Free ports picked at start-up, so a leftover daemon on 6817/6818 cannot interfere.
 SlurmctldPort={_free_port()}
@@ -181,12 +208,14 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 MailProg=/bin/true
 StateSaveLocation={w}/state
-SlurmdSpoolDir={w}/spool
+# %n: the node's name, so slurmds sharing this filesystem keep their files apart.
+SlurmdSpoolDir={w}/spool/%n
 SlurmctldPidFile={w}/run/slurmctld.pid
-SlurmdPidFile={w}/run/slurmd.pid
+SlurmdPidFile={w}/run/slurmd-%n.pid
 SlurmctldLogFile={w}/log/slurmctld.log
-SlurmdLogFile={w}/log/slurmd.log
+SlurmdLogFile={w}/log/slurmd-%n.log
 PlugStackConfig={w}/etc/plugstack.conf
+TmpFS={w}/tmp
 SlurmctldDebug=info
 SlurmdDebug=info
 InactiveLimit=0
@@ -195,11 +224,12 @@ KillWait=5
 # sleeps grow 2, 8, 32 s and a 12 s job takes 42 s. Records still live a minute (the purge
 # interval), so sbatch never misses a finished job.
 MinJobAge=4
-NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=2000 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
         # An empty plug-in stack keeps /etc/slurm's site SPANK plug-ins out of the test jobs.
         (w / "etc" / "plugstack.conf").write_text("")
+        for name, _ in self.node_addrs:
+            (w / "spool" / name).mkdir(parents=True, exist_ok=True)
 
     def _spawn(self, name: str, argv: list[str], env: dict) -> None:
         with open(self._log_dir / f"{name}.out", "ab") as out:
@@ -210,17 +240,17 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
-            for name in ("slurmctld", "slurmd"):
-                if self._procs[name].poll() is not None:
-                    raise RuntimeError(f"{name} exited with {self._procs[name].returncode}"
-                                       + self._tails())
-            probe = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env(),
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}" + self._tails())
+            probe = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env(),
                                    capture_output=True, text=True)
             state = probe.stdout.strip()
-            if state == "idle":
+            states = state.split()
+            if len(states) == len(self.node_addrs) and set(states) == {"idle"}:
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"node not idle after {timeout:.0f} s (sinfo: {state!r})"
+        raise RuntimeError(f"nodes not idle after {timeout:.0f} s (sinfo: {state!r})"
                            + self._tails())
 
     # --- tear-down -----------------------------------------------------------------------------
@@ -236,7 +266,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             self._cancel_jobs()
         except (OSError, subprocess.SubprocessError):
             pass  # the daemons are stopped below all the same
-        for name in ("slurmd", "slurmctld", "munged"):
+        daemons = [n for n in self._procs if n.startswith("slurmd")] + ["slurmctld", "munged"]
+        for name in daemons:
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue
@@ -249,7 +280,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def _cancel_jobs(self) -> None:
         # slurmstepd outlives slurmd, so running jobs are cancelled while the cluster still works.
-        if not (self._alive("slurmctld") and self._alive("slurmd")):
+        if not (self._alive("slurmctld") and all(
+                self._alive(n) for n in self._procs if n.startswith("slurmd"))):
             return
         me = pwd.getpwuid(os.geteuid()).pw_name
         subprocess.run(["scancel", "--quiet", "--user", me], env=self.env(),
@@ -316,7 +348,8 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
     def slurmd_log(self) -> str:
-        return self._read(self._log_dir / "slurmd.log")
+        """Every slurmd's log (one per node), one after the other."""
+        return "".join(self._read(p) for p in sorted(self._log_dir.glob("slurmd*.log")))
 
     def slurmctld_log(self) -> str:
         return self._read(self._log_dir / "slurmctld.log")
@@ -330,9 +363,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def _tails(self, *names: str) -> str:
         parts = []
-        for name in names or ("munged", "slurmctld", "slurmd"):
+        for name in names or ("munged", "slurmctld", *(n for n in self._procs if n.startswith("slurmd"))):
             # munged in the foreground logs to stderr, i.e. munged.out, never to its log file.
-            paths = [self._log_dir / f"{name}.log"] if name != "munged" else []
+            paths = [] if name == "munged" else sorted(self._log_dir.glob(
+                "slurmd*.log" if name.startswith("slurmd") else f"{name}.log"))
             for path in [*paths, self._log_dir / f"{name}.out"]:
                 parts.append(f"\n--- {path} ---\n{_tail(path)}")
         return "".join(parts)
