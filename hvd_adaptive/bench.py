@@ -33,20 +33,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from hvd_adaptive.algorithms import ALGORITHMS
 from hvd_adaptive.report import time_to_target
 
-# name -> config overrides. "sync_prop" is sync with LB-BSP's partition re-measured every window.
+# name -> config overrides: every algorithm with its defaults, and named variants of them.
 CONTENDERS = {
-    "sync": ["train.algorithm=sync"],
+    **{name: [f"train.algorithm={name}"] for name in ALGORITHMS},
+    # sync with LB-BSP's partition re-measured every window
     "sync_prop": ["train.algorithm=sync", "sync.partition=proportional"],
-    "local": ["train.algorithm=local"],
-    "sma": ["train.algorithm=sma"],
-    "adaptive": ["train.algorithm=adaptive"],
     # adaptive SGD as published: per-rank optimizer state, plain weighted average, lr ~ batch
     "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
                        "adaptive.row_norm=false", "adaptive.lr_scaling=linear"],
-    "hogbatch": ["train.algorithm=hogbatch"],
-    "adaptive_hogbatch": ["train.algorithm=adaptive_hogbatch"],
 }
 SCENARIOS = ("even", "slowed", "quota")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")

@@ -12,37 +12,22 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
+VERBOSE_HELP = "show TensorFlow's and absl's start-up messages on every rank (hidden by default)"
+
 
 def _train(args: argparse.Namespace) -> int:
     from hvd_adaptive.config import ConfigError, load_config
+    from hvd_adaptive.run import run_training
 
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir: the folder of the run to continue")
     sets = [*args.set, "checkpoint.resume=auto"] if args.resume else args.set
     cfg, _ = load_config(args.config, sets, extra_sections=("sweep",))
-    return run_training(cfg, args.run_dir)
-
-
-def run_training(cfg, run_dir: str | None) -> int:
-    """Initializes the ranks, trains, shuts down; any rank's failure ends the whole job."""
-    from hvd_adaptive import distributed, trainer
-
-    from hvd_adaptive.algorithms.hogbatch import worker_threads
-
-    # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
-    cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
-    with distributed.fail_fast(cluster):
-        # Every rank must write to the same folder: rank 0 names it, the others receive it.
-        name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
-        name = cluster.comm.bcast(name, root=0)
-        trainer.train(cfg, Path(name), cluster)
-    distributed.shutdown()
-    return 0
+    return run_training(cfg, args.run_dir, verbose=args.verbose)
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -85,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true",
                    help="continue from the run folder's newest complete checkpoint, if any "
                         "(same as --set checkpoint.resume=auto)")
+    t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     t.set_defaults(fn=_train)
 
     d = sub.add_parser("data", help="data utilities")
@@ -114,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--index", type=int)
     wr.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     wr.add_argument("--root", default="runs/sweep", help="parent folder of the points' run folders")
+    wr.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     w.set_defaults(fn=_sweep)
     return p
 
@@ -122,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     from hvd_adaptive.config import ConfigError
     from hvd_adaptive.data import DataError
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is first imported
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

@@ -16,9 +16,6 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-ALGORITHMS = ("sync", "local", "sma", "adaptive", "hogbatch", "adaptive_hogbatch")
-
-
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key's path."""
 
@@ -114,8 +111,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    algorithm: Literal["sync", "local", "sma", "adaptive", "hogbatch", "adaptive_hogbatch"] = "sync"
-    """Training algorithm; see docs/algorithms.md."""
+    algorithm: str = "sync"
+    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS; see docs/algorithms.md."""
     epochs: float = 3.0
     """Passes over the training set (fractions allowed)."""
     batch_size: int = 256
@@ -139,6 +136,10 @@ class TrainConfig:
     period of local and sma, the accounting round of sync. Rounds never cross an epoch."""
 
     def validate(self, path: str) -> None:
+        from hvd_adaptive.algorithms import ALGORITHMS  # the registry; imports no TensorFlow
+
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"{path}.algorithm: must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
                   "threads", "log_every_s", "window_samples", "target_p_at_1")
 
@@ -240,7 +241,7 @@ class HogbatchConfig:
     """Ranks that are CPU workers (small batches); the others are GPU workers (their GPU if any)."""
     cpu_threads: Optional[int] = None
     """TensorFlow threads of CPU workers; None: as train.threads. Applied when the ranks start
-    (cli passes hogbatch.worker_threads to distributed.init)."""
+    (run.py passes algorithms.worker_threads to distributed.init)."""
     cpu_batch: int = 16
     """Starting batch of CPU workers (plain hogbatch keeps it)."""
     gpu_batch: Optional[int] = None

@@ -205,6 +205,6 @@ def main(args: argparse.Namespace) -> int:
         # One write, so launchers that tag output per chunk keep the line whole.
         print(f"sweep point {point.index} of {len(points)}: {point.name} -> {run_dir}\n", end="",
               flush=True)
-    from hvd_adaptive.cli import run_training
+    from hvd_adaptive.run import run_training
 
-    return run_training(point.config, str(run_dir))
+    return run_training(point.config, str(run_dir), verbose=getattr(args, "verbose", False))

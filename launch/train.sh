@@ -13,4 +13,6 @@ VENV=${HVD_ADAPTIVE_VENV:-$REPO/.venv}
 # OpenMPI refuses to start as root unless told; more ranks than cores need oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PATH="$VENV/bin:$PATH"
+# horovodrun imports TensorFlow itself: its start-up messages stay back as the ranks' do
+case " $* " in *" --verbose "*) ;; *) export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} ;; esac
 exec horovodrun --mpi -np "$NP" -H "localhost:$NP" hvd-adaptive train --config "$CONFIG" "$@"

@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from hvd_adaptive.algorithms import worker_threads
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import make_batch
@@ -110,21 +111,13 @@ def worker_batch(cfg: Config, rank: int) -> tuple[str, int, int, int]:
     return kind, start, b_min, b_max
 
 
-def worker_threads(cfg: Config, rank: int) -> Optional[int]:
-    """TensorFlow threads of a rank: hogbatch.cpu_threads on CPU workers, else train.threads."""
-    cpu = cfg.train.algorithm in ("hogbatch", "adaptive_hogbatch") and rank in cfg.hogbatch.cpu_ranks
-    return cfg.hogbatch.cpu_threads or cfg.train.threads if cpu else cfg.train.threads
-
-
 def require_one_node(node_size: int, world_size: int) -> None:
     """Fails clearly when the ranks do not all share one node's memory."""
     if node_size != world_size:
         raise RuntimeError(
             f"hogbatch keeps the shared model in one node's memory, but only {node_size} of the "
-            f"{world_size} ranks share this node: across nodes use train.algorithm=adaptive "
-            "(dynamic scheduling and weighted merges over the network), or run "
-            "hogbatch/adaptive_hogbatch on one node (one shared model per node with merges "
-            "between nodes is future work)")
+            f"{world_size} ranks share this node: run hogbatch/adaptive_hogbatch on one node "
+            "(multi-node Hogbatch through one-sided MPI on a model-holding rank is future work)")
 
 
 # ---- the shared model ---------------------------------------------------------------------------
@@ -202,7 +195,7 @@ class Hogbatch(Algorithm):
             raise ValueError(f"hogbatch.cpu_ranks: {bad} not below the {cluster.size} ranks of this job")
         want = worker_threads(cfg, cluster.rank)
         if want is not None and want != cluster.threads:
-            # Thread pools are sized in distributed.init (cli passes worker_threads to it);
+            # Thread pools are sized in distributed.init (run.py passes worker_threads to it);
             # a caller that did not cannot change them any more.
             print(f"[rank {cluster.rank}] warning: hogbatch.cpu_threads={want} is not applied: "
                   f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)

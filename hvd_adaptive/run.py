@@ -1,0 +1,60 @@
+"""Starting training on this rank: the layer below both entry points that train
+(`hvd-adaptive train` in cli.py, `hvd-adaptive sweep run` in sweep.py).
+
+Order matters: TensorFlow's start-up messages are silenced before anything imports TensorFlow,
+thread pools are sized before TensorFlow creates its context, and any rank's failure ends the
+whole job. Nothing heavy is imported at module level, so the CLI's other commands stay quick.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from hvd_adaptive.config import Config
+
+
+def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> int:
+    """Initializes the ranks, trains, shuts down; any rank's failure ends the whole job.
+
+    Args:
+        cfg: the validated config.
+        run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
+        verbose: keep TensorFlow's and absl's start-up messages on stderr.
+    """
+    quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
+    from hvd_adaptive import distributed, trainer
+    from hvd_adaptive.algorithms import worker_threads
+
+    # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
+    cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
+    with distributed.fail_fast(cluster):
+        # Every rank must write to the same folder: rank 0 names it, the others receive it.
+        name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = cluster.comm.bcast(name, root=0)
+        trainer.train(cfg, Path(name), cluster)
+    distributed.shutdown()
+    return 0
+
+
+def quiet_tensorflow(verbose: bool) -> None:
+    """Keeps TensorFlow's start-up messages off stderr unless `verbose`; errors still show.
+
+    On every rank, importing TensorFlow logs through its C++ (absl) logging: "This TensorFlow
+    binary is optimized to use available CPU instructions ..." (cpu_feature_guard), on CPUs
+    that use oneDNN "oneDNN custom operations are on ...", and before the first of them absl's
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR".
+    All are INFO messages, and TF_CPP_MIN_LOG_LEVEL, read when TensorFlow loads, filters them
+    at their source: 2 keeps INFO and WARNING back and lets ERROR and FATAL through. A level the
+    environment already sets higher (3: errors hidden too) is kept; `verbose` sets 0.
+    """
+    if "tensorflow" in sys.modules:  # too late: the level is read once, when TensorFlow loads
+        return
+    if verbose:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        return
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
+    if not (level.isdigit() and int(level) >= 2):
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
