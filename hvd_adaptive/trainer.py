@@ -14,7 +14,6 @@ non-finite guards.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -32,6 +31,7 @@ from hvd_adaptive.distributed import Cluster, allgather, allreduce_sum_np
 from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums, most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
+from hvd_adaptive.runlog import RunLog
 
 
 # Where a round's time goes (RoundStats), and the per-rank totals the summary keeps.
@@ -42,49 +42,6 @@ TOTALS = ("samples", "batches", *TIMES)
 def itstime(progress: float, every: float, last: float) -> bool:
     """Whether a periodic event due every `every` epochs fell between `last` and `progress`."""
     return math.floor(progress / every + 1e-9) > math.floor(last / every + 1e-9)
-
-
-class RunLog:
-    """Rank 0's files and progress lines; other ranks keep quiet."""
-
-    def __init__(self, run_dir: Path, active: bool):
-        self.dir, self.active = Path(run_dir), active
-        self._fh = None
-        if active:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.dir / "metrics.jsonl", "a", buffering=1)
-
-    def record(self, **rec) -> None:
-        if self._fh:
-            self._fh.write(json.dumps(rec) + "\n")
-
-    def say(self, msg: str) -> None:
-        if self.active:
-            # One write per line: OpenMPI's --tag-output (always on under horovodrun) tags
-            # every chunk it reads, so print's separate "\n" write could split the line.
-            print(msg + "\n", end="", flush=True)
-
-    def size(self) -> int:
-        """Bytes of metrics.jsonl written so far (0 on other ranks)."""
-        if not self._fh:
-            return 0
-        self._fh.flush()
-        return os.fstat(self._fh.fileno()).st_size
-
-    def truncate(self, size: int) -> None:
-        """Cuts metrics.jsonl back to `size` bytes (records of rounds a resume redoes)."""
-        if self._fh and self.size() > size:
-            os.truncate(self.dir / "metrics.jsonl", size)  # appends then go to the new end
-
-    def write_json(self, name: str, obj: dict) -> None:
-        if self.active:
-            tmp = self.dir / f".{name}.tmp"
-            tmp.write_text(json.dumps(obj, indent=2) + "\n")
-            os.replace(tmp, self.dir / name)
-
-    def close(self) -> None:
-        if self._fh:
-            self._fh.close()
 
 
 def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:

@@ -1,0 +1,93 @@
+"""What real 2-rank runs leave behind: TensorBoard events beside metrics.jsonl holding the
+records' scalars, and a stderr without TensorFlow's start-up messages that still shows errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mpirun import REPO, mpi_env, mpirun
+
+# Pieces of the lines TensorFlow (through absl) prints at start-up on every rank.
+START_UP = ("absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary is optimized",
+            "oneDNN custom operations", "rebuild TensorFlow with the appropriate compiler flags")
+# The environment asks for every message: the run must keep them back unless --verbose.
+LOUD = {"TF_CPP_MIN_LOG_LEVEL": "0"}
+
+
+def start_up_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if any(s in line for s in START_UP)]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("outputs") / "run"
+    p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
+                   "--run-dir", str(run_dir), "--set", "train.epochs=2", "--set", "train.eval_every=1"],
+               **LOUD)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
+    return run_dir, p
+
+
+def read_events(folder):
+    """{tag: [(step, value), ...]} from every events file in `folder`."""
+    import tensorflow as tf
+
+    out = {}
+    files = sorted(folder.glob("events.out.tfevents.*"))
+    for path in files:
+        for raw in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(raw.numpy())
+            for v in event.summary.value:
+                assert v.metadata.plugin_data.plugin_name == "scalars", v.tag  # TensorBoard's kind
+                out.setdefault(v.tag, []).append((event.step, float(tf.make_ndarray(v.tensor))))
+    return files, out
+
+
+def test_tensorboard_events_hold_the_records_scalars(finished):
+    run_dir, _ = finished
+    files, tags = read_events(run_dir / "tb")
+    assert files, f"no events file in {run_dir / 'tb'}"
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in recs if r["event"] == "eval"]
+    rounds = [r for r in recs if r["event"] == "round"]
+    assert len(evals) == 2 and rounds
+    # Every metric of the eval records, at the record's step (rows trained so far).
+    metrics = [k for k, v in evals[0].items() if k not in ("event", "wall_s", "epoch", "samples")]
+    assert {"p_at_1", "p_at_5", "ndcg_at_5"} <= set(metrics)
+    for k in metrics:
+        got = tags[f"eval/{k}"]
+        assert [s for s, _ in got] == [e["samples"] for e in evals], k
+        assert [v for _, v in got] == pytest.approx([e[k] for e in evals], rel=1e-6), k
+    # One loss per round; per-rank batch sizes and merge weights; rates after the first round.
+    assert [v for _, v in tags["train/loss"]] == pytest.approx([r["loss"] for r in rounds], rel=1e-6)
+    for rank in (0, 1):
+        assert [v for _, v in tags[f"rank{rank}/batch_size"]] == [r["ranks"][rank]["batch_size"] for r in rounds]
+        assert [v for _, v in tags[f"rank{rank}/weight"]] == pytest.approx(
+            [r["ranks"][rank]["weight"] for r in rounds], rel=1e-6)
+    assert len(tags["train/rows_per_s"]) == len(rounds) and all(v > 0 for _, v in tags["train/rows_per_s"])
+
+
+def test_no_start_up_messages_on_stderr(finished):
+    _, p = finished
+    assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
+
+
+def test_errors_still_reach_stderr(tmp_path):
+    p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
+                   "--run-dir", str(tmp_path / "run")],
+               timeout=120, HVD_ADAPTIVE_FAIL_AT_ROUND="0", HVD_ADAPTIVE_FAIL_RANK="1", **LOUD)
+    assert p.returncode != 0
+    assert "[rank 1] error: RuntimeError: injected failure at round 0" in p.stderr, p.stderr[-3000:]
+    assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
+
+
+def test_verbose_shows_them():
+    # What `--verbose` does before TensorFlow loads, in one process (no ranks needed), even
+    # where the environment asks for quiet (mpi_env sets TF_CPP_MIN_LOG_LEVEL=2).
+    code = ("from hvd_adaptive.run import quiet_tensorflow; quiet_tensorflow(verbose=True); "
+            "import tensorflow as tf; tf.constant(1.0) + 1")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert start_up_lines(p.stderr), p.stderr[-3000:]
