@@ -116,8 +116,10 @@ def require_one_node(node_size: int, world_size: int) -> None:
     if node_size != world_size:
         raise RuntimeError(
             f"hogbatch keeps the shared model in one node's memory, but only {node_size} of the "
-            f"{world_size} ranks share this node: run hogbatch/adaptive_hogbatch on one node "
-            "(multi-node Hogbatch through one-sided MPI on a model-holding rank is future work)")
+            f"{world_size} ranks share this node: across nodes use train.algorithm=adaptive "
+            "(dynamic scheduling and weighted merges over the network), or run "
+            "hogbatch/adaptive_hogbatch on one node (one shared model per node with merges "
+            "between nodes is future work)")
 
 
 # ---- the shared model ---------------------------------------------------------------------------
