@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,8 @@ from pathlib import Path
 from typing import Optional
 
 from hvd_adaptive.algorithms import ALGORITHMS
-from hvd_adaptive.report import time_to_target
+from hvd_adaptive.report import align, time_to_target
+from hvd_adaptive.run import mpirun_command
 
 # name -> config overrides: every algorithm with its defaults, and named variants of them.
 CONTENDERS = {
@@ -49,20 +49,12 @@ SCENARIOS = ("even", "slowed", "quota")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
 
-def mpi_command(ranks: int, args: list[str]) -> tuple[list[str], dict]:
-    """`mpirun -np ranks python ARGS` and its environment (root allowed, TF quiet)."""
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               TF_CPP_MIN_LOG_LEVEL="2")
-    return ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
-            sys.executable, *args], env
-
-
 def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
     """Trains one contender; returns its summary and eval records."""
     args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
     for s in sets:
         args += ["--set", s]
-    cmd, env = mpi_command(ranks, args)
+    cmd, env = mpirun_command(ranks, args)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
@@ -88,8 +80,11 @@ def _median(xs: list) -> Optional[float]:
     return statistics.median(xs) if xs else None
 
 
-def _cell(x: Optional[float], fmt: str, width: int) -> str:
-    return f"{'-':>{width}}" if x is None else f"{x:{width}{fmt}}"
+# (header, measure, format) of the table's columns after the contender's name
+COLUMNS = (("s->target", "t", "{:.1f}"), ("rows->tgt", "samples", "{:.0f}"),
+           ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("sync/this", "ratio", "{:.2f}"),
+           ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
+           ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
 
 
 def table(results: dict, target: float) -> str:
@@ -99,18 +94,14 @@ def table(results: dict, target: float) -> str:
         reps = max(len(v) for v in algos.values())
         lines.append(f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); "
                      "time shares of all ranks)")
-        lines.append(f"{'contender':<22} {'s->target':>9} {'rows->tgt':>9} {'rows/s':>7} "
-                     f"{'effic.':>6} {'sync/this':>9} {'compute':>7} {'comm':>6} {'allgat':>6} "
-                     f"{'wait':>6} {'batch':>6}")
         m = {name: [measures(r, target) for r in runs] for name, runs in algos.items()}
         ref = _median([x["t"] for x in m.get("sync", [])])
+        cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: _median([x[k] for x in ms]) for k in ms[0]}
-            ratio = ref / med["t"] if ref and med["t"] else None
-            lines.append(f"{name:<22} {_cell(med['t'], '.1f', 9)} {_cell(med['samples'], '.0f', 9)} "
-                         f"{_cell(med['rate'], '.0f', 7)} {_cell(med['eff'], '.2f', 6)} "
-                         f"{_cell(ratio, '.2f', 9)} {med['compute_s']:7.2f} {med['comm_s']:6.2f} "
-                         f"{med['sync_s']:6.2f} {med['wait_s']:6.2f} {med['batch_s']:6.2f}")
+            med["ratio"] = ref / med["t"] if ref and med["t"] else None
+            cells.append([name, *("-" if med[k] is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
+        lines.append(align(cells, text_columns=1))
     return "\n".join(lines)
 
 

@@ -186,13 +186,19 @@ def format_table(rows: list[dict], target: Optional[float]) -> str:
             (ttt, "time_to_target", "{:.1f}"), ("efficiency", "efficiency", "{:.2f}")]
     cells = [[h for h, _, _ in cols]]
     cells += [[("-" if row[k] is None else fmt.format(row[k])) for _, k, fmt in cols] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(cols))]
-    # Text columns read left-aligned, numbers right-aligned.
-    out = []
-    for line in cells:
-        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(line, widths))).rstrip())
-    return "\n".join(out)
+    return align(cells, text_columns=2)
+
+
+def align(cells: list[list[str]], text_columns: int) -> str:
+    """Rows of cells as lines, each column as wide as its widest cell.
+
+    The first `text_columns` columns read left-aligned (names), the others right-aligned
+    (numbers); columns are two spaces apart.
+    """
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < text_columns else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+                      for line in cells)
 
 
 def plot(runs: list[Run], out: str | Path, target: Optional[float]) -> Path:

@@ -1,5 +1,6 @@
-"""Starting training on this rank: the layer below both entry points that train
-(`hvd-adaptive train` in cli.py, `hvd-adaptive sweep run` in sweep.py).
+"""Starting training: on this rank, the layer below both entry points that train
+(`hvd-adaptive train` in cli.py, `hvd-adaptive sweep run` in sweep.py); and the local `mpirun`
+command that the benchmark and the tests start ranks with.
 
 Order matters: TensorFlow's start-up messages are silenced before anything imports TensorFlow,
 thread pools are sized before TensorFlow creates its context, and any rank's failure ends the
@@ -58,3 +59,13 @@ def quiet_tensorflow(verbose: bool) -> None:
     level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
     if not (level.isdigit() and int(level) >= 2):
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+
+
+def mpirun_command(ranks: int, args: list[str]) -> tuple[list[str], dict]:
+    """`mpirun -np ranks python ARGS` on this machine, and its environment.
+
+    More ranks than cores are allowed (--oversubscribe) and none is pinned (--bind-to none:
+    pinned ranks on a busy machine would share one core); OpenMPI may run as root (containers).
+    """
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, *args]
+    return cmd, dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -5,10 +5,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from hvd_adaptive.run import mpirun_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,8 +51,7 @@ def run(argv: list[str], timeout: float, env: dict | None = None) -> subprocess.
 
 def mpirun(n: int, args: list[str], timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
     """`mpirun -np n python ARGS...`; more ranks than cores are allowed (oversubscribed)."""
-    cmd = ["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none",
-           sys.executable, *args]
+    cmd, _ = mpirun_command(n, args)
     return run(cmd, timeout, mpi_env(**env))
 
 
