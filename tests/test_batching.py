@@ -76,3 +76,24 @@ def test_epoch_permutation():
     assert len(epoch_permutation(0, 0, 0)) == 0
     with pytest.raises(ValueError):
         epoch_permutation(10, -1, 0)
+
+
+def test_subset_selects_what_make_batch_selects(tmp_path):
+    # subset (scipy's row indexing) and make_batch (numpy positions) must agree row for row,
+    # also on memory-mapped arrays (the parsed-file cache), whose data scipy must not copy.
+    rng = np.random.default_rng(3)
+    ds = random_dataset(rng, n_rows=300)
+    arrays = {}
+    for k in ("indptr", "indices", "values", "label_indptr", "label_indices"):
+        np.save(tmp_path / f"{k}.npy", getattr(ds, k))
+        arrays[k] = np.load(tmp_path / f"{k}.npy", mmap_mode="r")
+    mapped = Dataset(**arrays, n_features=ds.n_features, n_labels=ds.n_labels)
+    assert np.shares_memory(mapped.features.indices, arrays["indices"])
+    rows = np.r_[rng.integers(0, 300, 2000), 0, 0, 7]  # duplicates, rows without features/labels
+    sub, b = mapped.subset(rows), make_batch(mapped, rows)
+    assert sub.n_rows == len(rows) and sub.indptr.dtype == np.int64 and sub.indices.dtype == np.int32
+    np.testing.assert_array_equal(sub.indices, b.feat_ids)
+    np.testing.assert_array_equal(sub.values, b.feat_vals)
+    np.testing.assert_array_equal(np.repeat(np.arange(len(rows)), np.diff(sub.indptr)), b.feat_seg)
+    np.testing.assert_array_equal(sub.label_indices, b.label_ids)
+    np.testing.assert_array_equal(np.repeat(np.arange(len(rows)), np.diff(sub.label_indptr)), b.label_seg)

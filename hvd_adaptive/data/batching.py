@@ -4,13 +4,24 @@ A batch is represented in "segment" form: the non-zeros of all rows are
 concatenated and a parallel segment array says which batch row each entry
 belongs to. This is what sparse embedding lookups (``segment_sum`` style ops)
 consume directly, and it is built here without any per-row Python loop.
+
+Two ways to select rows, each where it measured faster (medians on memory-mapped arrays of
+200,000 rows with 75 features and 5 labels each): `Dataset.subset`
+(evaluation chunks, test subsets: thousands of rows) uses scipy.sparse's compiled row
+indexing over CSR matrices sharing the dataset's arrays, 2.2x faster at 2,048 rows
+(0.69 against 1.49 ms) and 3.3x at 50,000 (17 against 54 ms) than the numpy positions;
+`make_batch` (training batches: tens to hundreds of rows) keeps the numpy positions
+(`gather_rows`), as scipy's fixed cost per selection made it 2.1x slower at 64 rows (0.51
+against 0.24 ms) and 1.3x at 256 (0.55 against 0.41 ms).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 
 # Mixed into the seed so epoch permutations do not coincide with other
 # streams a caller may derive from the same (seed, epoch) pair.
@@ -88,11 +99,25 @@ class Dataset:
             rows: Row ids (duplicates allowed).
         """
         rows = _check_rows(rows, self.n_rows)
-        ptr, pos = gather_rows(self.indptr, rows)
-        lptr, lpos = gather_rows(self.label_indptr, rows)
-        return Dataset(ptr, np.asarray(self.indices[pos]), np.asarray(self.values[pos]),
-                       lptr, np.asarray(self.label_indices[lpos]),
+        f, y = self.features[rows], self.labels[rows]
+        return Dataset(f.indptr.astype(np.int64), f.indices.astype(np.int32, copy=False),
+                       f.data, y.indptr.astype(np.int64), y.indices.astype(np.int32, copy=False),
                        self.n_features, self.n_labels, self.source)
+
+    @cached_property
+    def features(self) -> sp.csr_matrix:
+        """The features as a scipy CSR matrix [rows, n_features] over the same indices and
+        values (not copied; memory-mapped arrays stay on disk)."""
+        return sp.csr_matrix((self.values, self.indices, self.indptr),
+                             shape=(self.n_rows, self.n_features))
+
+    @cached_property
+    def labels(self) -> sp.csr_matrix:
+        """The labels as a scipy CSR matrix [rows, n_labels] of ones (int8) over the same
+        label indices."""
+        ones = np.ones(len(self.label_indices), np.int8)
+        return sp.csr_matrix((ones, self.label_indices, self.label_indptr),
+                             shape=(self.n_rows, self.n_labels))
 
     def label_frequencies(self) -> np.ndarray:
         """Return how many rows carry each label, int64 of length ``n_labels``."""
