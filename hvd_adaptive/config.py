@@ -61,7 +61,9 @@ class DataConfig:
     format: Literal["auto", "xc", "libsvm"] = "auto"
     """File format; auto detects the XC header line."""
     cache_dir: Optional[str] = None
-    """Where parsed binary caches go; default: beside each source file."""
+    """Where parsed binary caches go; default: beside each source file. With synthetic data:
+    the generated arrays are kept here (rank 0 writes, the others map them); None: every rank
+    generates them in memory."""
     synth: SynthConfig = field(default_factory=SynthConfig)
 
     def validate(self, path: str) -> None:
@@ -78,12 +80,23 @@ class ModelConfig:
     """Dropout rate on hidden activations during training."""
     init_seed: int = 1
     """Seed of the initial weights (identical on every rank)."""
+    output: Literal["full", "sampled"] = "full"
+    """Output layer loss. full: softmax over every label (cost: batch x labels x hidden a step).
+    sampled: softmax over a candidate set per batch, the batch's positive labels plus
+    `negatives` sampled labels shared by the batch, with the sampler's log-probability
+    correction; a step's cost follows the candidates, and the output layer's gradient and
+    optimizer update touch only their rows. Evaluation always ranks all labels."""
+    negatives: int = 4096
+    """sampled: negatives drawn per batch (without replacement; positives are always in)."""
+    sampler: Literal["uniform", "frequency"] = "uniform"
+    """sampled: uniform over labels, or proportional to (training frequency + 1) ^ 0.75."""
 
     def validate(self, path: str) -> None:
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ConfigError(f"{path}.hidden: needs at least one positive width, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
+        _positive(self, path, "negatives")
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,9 @@ class TrainConfig:
     window_samples: int = 8192
     """Rows per round for all ranks together: the merge window S of adaptive, the averaging
     period of local and sma, the accounting round of sync. Rounds never cross an epoch."""
+    eval_memory_mb: float = 256.0
+    """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank
+    (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
 
     def validate(self, path: str) -> None:
         from hvd_adaptive.algorithms import ALGORITHMS  # the registry; imports no TensorFlow
@@ -141,7 +157,7 @@ class TrainConfig:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"{path}.algorithm: must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
-                  "threads", "log_every_s", "window_samples", "target_p_at_1")
+                  "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb")
 
 
 @dataclass(frozen=True)
@@ -200,7 +216,8 @@ class AdaptiveConfig:
     with the same weights as the model (average; 1.37x against 1.13x sync's speed with local
     state in the ablation, docs/benchmark.md), or each rank's own (local, the papers')."""
     row_norm: bool = True
-    """Row-normalized merge of the input layer: a row that only some ranks touched in the window
+    """Row-normalized merge of the row-sparse layers (input layer; output layer and bias under
+    model.output: sampled): a row that only some ranks touched in the window
     takes the change of those ranks, weighted among them, instead of an average that counts the
     untouched replicas' old values (off: the papers' plain weighted average)."""
     lr_scaling: Literal["linear", "none"] = "none"
@@ -218,6 +235,23 @@ class AdaptiveConfig:
             raise ConfigError(f"{path}.merge_momentum: must be in [0, 1), got {self.merge_momentum}")
         if self.warmup_epochs < 0 or self.lr_decay < 0 or not 0 <= self.norm_factor < 1:
             raise ConfigError(f"{path}: warmup_epochs and lr_decay must be >= 0, norm_factor in [0, 1)")
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """How the model-averaging algorithms (local, adaptive) merge replicas (hvd_adaptive/merge.py)."""
+
+    sparse: bool = True
+    """Carry only the rows of the input and output layers that some rank touched since the last
+    merge (their union, agreed by a bitwise-or allreduce of per-rank masks); untouched rows are
+    identical on every rank already. Hidden layers and biases always travel whole. The result
+    equals the dense merge up to float rounding."""
+    dtype: Literal["float32", "float16"] = "float32"
+    """Wire type of the merge: float16 sends each rank's weighted change since the last merge in
+    16 bits and adds the sum to a 32-bit copy of the merged model (one extra model copy)."""
+
+    def validate(self, path: str) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -317,6 +351,7 @@ class Config:
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
     sma: SmaConfig = field(default_factory=SmaConfig)
     hogbatch: HogbatchConfig = field(default_factory=HogbatchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

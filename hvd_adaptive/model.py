@@ -6,12 +6,12 @@ batch's non-zeros and its gradient is a tf.IndexedSlices touching only those row
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from hvd_adaptive.config import ModelConfig, OptimConfig
+from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig
 from hvd_adaptive.data import Batch
 
 # The step functions take a batch as these seven tensors (see hvd_adaptive.data.Batch).
@@ -41,48 +41,149 @@ def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
 class SparseMLP(tf.Module):
     """Sparse input -> hidden ReLU layer(s) -> logits over all labels.
 
-    Initial weights come from a numpy generator seeded by `cfg.init_seed`, so every rank builds
-    the same model; the algorithms still broadcast rank 0's variables once to be safe.
+    Both ends are stored row by row so that their gradients are row-sparse: the input layer
+    [features x hidden] (rows of the batch's features), and the output layer [labels x hidden]
+    with its bias [labels]: under the sampled loss only the candidates' rows are gathered, so
+    the output layer's gradient is an IndexedSlices over those labels and optimizer updates
+    are lazy there too. Initial weights come from a numpy generator seeded by `cfg.init_seed`,
+    so every rank builds the same model; the algorithms still broadcast rank 0's variables.
+
+    `touched` holds two masks, over features and over labels, that training steps mark (the
+    rows their gradient reaches); the sparse merge reads and clears them.
     """
 
-    def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig):
+    def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
+                 label_freq: Optional[np.ndarray] = None):
         super().__init__(name="sparse_mlp")
         rng = np.random.default_rng(cfg.init_seed)
-        widths = [n_features, *cfg.hidden, n_labels]
+        widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout
-        self.weights_ = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
-                         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+        self.cfg = cfg
+        hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
+                  for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
+        # Output layer as [labels x hidden] (the transpose of a dense layer's kernel).
+        out = tf.Variable(_glorot(rng, widths[-1], n_labels).T.copy(), name=f"w{len(hidden)}")
+        self.layers = [*hidden, out]
         self.biases = [tf.Variable(np.zeros(b, np.float32), name=f"b{i}")
-                       for i, b in enumerate(widths[1:])]
+                       for i, b in enumerate([*cfg.hidden, n_labels])]
         self.n_features, self.n_labels = n_features, n_labels
+        self.touched = (tf.Variable(tf.zeros([n_features], tf.bool), trainable=False, name="touched_in"),
+                        tf.Variable(tf.zeros([n_labels], tf.bool), trainable=False, name="touched_out"))
+        self.sampled = cfg.output == "sampled"
+        if self.sampled and cfg.negatives >= n_labels:
+            raise ConfigError(f"model.negatives: {cfg.negatives} negatives need more than "
+                              f"{cfg.negatives} labels, the data has {n_labels}; lower it or use "
+                              "model.output: full")
+        self._unigrams = None
+        if self.sampled and cfg.sampler == "frequency":
+            if label_freq is None:
+                raise ValueError("the frequency sampler needs the training label frequencies")
+            self._unigrams = [float(f) + 1.0 for f in np.asarray(label_freq)]
 
     @property
     def variables_list(self) -> list[tf.Variable]:
         """All variables in a fixed order (input layer first), the order every collective uses."""
-        return [v for pair in zip(self.weights_, self.biases) for v in pair]
+        return [v for pair in zip(self.layers, self.biases) for v in pair]
+
+    @property
+    def row_sparse(self) -> list[Optional[int]]:
+        """Per variable of `variables_list`: which mask of `touched` indexes its rows (0 features,
+        1 labels), or None where every step changes it whole."""
+        out = 1 if self.sampled else None
+        return [0 if i == 0 else (out if i >= len(self.variables_list) - 2 else None)
+                for i in range(len(self.variables_list))]
+
+    def clear_touched(self) -> None:
+        for t in self.touched:
+            t.assign(tf.zeros_like(t))
+
+    def hidden(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
+        """The last hidden layer's activations, [rows x hidden]."""
+        rows = tf.gather(self.layers[0], feat_ids) * feat_vals[:, None]
+        h = tf.math.unsorted_segment_sum(rows, feat_seg, size) + self.biases[0]
+        for w, b in zip(self.layers[1:-1], self.biases[1:-1]):
+            h = tf.matmul(self._act(h, training), w) + b
+        return self._act(h, training)
+
+    def _act(self, h, training: bool):
+        h = tf.nn.relu(h)
+        if training and self.dropout > 0:
+            h = tf.nn.dropout(h, rate=self.dropout)
+        return h
 
     def logits(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
-        rows = tf.gather(self.weights_[0], feat_ids) * feat_vals[:, None]
-        h = tf.math.unsorted_segment_sum(rows, feat_seg, size) + self.biases[0]
-        for w, b in zip(self.weights_[1:], self.biases[1:]):
-            h = tf.nn.relu(h)
-            if training and self.dropout > 0:
-                h = tf.nn.dropout(h, rate=self.dropout)
-            h = tf.matmul(h, w) + b
-        return h
+        """Logits over every label."""
+        h = self.hidden(feat_ids, feat_vals, feat_seg, size, training)
+        return tf.matmul(h, self.layers[-1], transpose_b=True) + self.biases[-1]
+
+    def block_logits(self, h, start, stop):
+        """Logits of labels [start, stop) for hidden activations `h` (blocked evaluation)."""
+        # A gather reads only the block's rows (slicing the variable would read all of it).
+        rows = tf.range(start, stop)
+        return (tf.matmul(h, tf.gather(self.layers[-1], rows), transpose_b=True)
+                + tf.gather(self.biases[-1], rows))
 
     def loss(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
              training: bool = True):
-        """Softmax cross-entropy against the multi-hot target normalized to sum 1.
+        """Softmax cross-entropy against the multi-hot target normalized to sum 1, over all
+        labels (output: full) or over a sampled candidate set (output: sampled).
 
-        Rows without labels carry no target and are left out of the mean.
+        Rows without labels carry no target and are left out of the mean. In training the
+        rows the gradient reaches are marked in `touched`.
         """
-        z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
-        lse = tf.reduce_logsumexp(z, axis=1)
-        picked = tf.gather_nd(z, tf.stack([label_seg, label_ids], axis=1))
-        target = tf.math.unsorted_segment_sum(label_w * picked, label_seg, size)
-        has = tf.math.unsorted_segment_sum(label_w, label_seg, size)  # 1 with labels, else 0
-        return tf.reduce_sum(has * lse - target) / tf.maximum(tf.reduce_sum(has), 1.0)
+        if training:
+            self.touched[0].scatter_update(
+                tf.IndexedSlices(tf.ones_like(feat_ids, tf.bool), feat_ids))
+        if not self.sampled:
+            z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
+            return _softmax_xent(z, label_ids, label_seg, label_w, size)
+        cand, corr, label_pos = self.candidates(label_ids)
+        if training:
+            self.touched[1].scatter_update(tf.IndexedSlices(tf.ones_like(cand, tf.bool), cand))
+        return self.candidate_loss(feat_ids, feat_vals, feat_seg, cand, corr, label_pos, label_seg,
+                                   label_w, size, training)
+
+    def candidates(self, label_ids):
+        """The batch's candidate labels: its positives (always in, no correction) then
+        `negatives` labels drawn without replacement by TensorFlow's candidate sampler, each
+        with the correction log(expected count) that sampled softmax subtracts from its logit;
+        negatives that are positives of the batch are kept once, as positives.
+
+        Returns (candidates int64, corrections float32, position of each label_ids entry in
+        candidates).
+        """
+        pos, label_pos = tf.unique(tf.cast(label_ids, tf.int64))
+        anyone = tf.zeros([1, 1], tf.int64)  # the samplers want true classes; unused here
+        m, n = self.cfg.negatives, self.n_labels
+        if self._unigrams is None:
+            neg, _, expected = tf.random.uniform_candidate_sampler(
+                anyone, 1, m, unique=True, range_max=n)
+        else:
+            neg, _, expected = tf.random.fixed_unigram_candidate_sampler(
+                anyone, 1, m, unique=True, range_max=n, distortion=0.75, unigrams=self._unigrams)
+        both = tf.concat([pos, neg], 0)
+        corr = tf.concat([tf.zeros(tf.shape(pos), tf.float32), tf.math.log(expected)], 0)
+        cand, where = tf.unique(both)  # positives first, in order, so label_pos stays valid
+        first = tf.math.unsorted_segment_min(tf.range(tf.size(both)), where, tf.size(cand))
+        return cand, tf.gather(corr, first), label_pos
+
+    def candidate_loss(self, feat_ids, feat_vals, feat_seg, cand, corr, label_pos, label_seg,
+                       label_w, size, training: bool = True):
+        """Softmax cross-entropy over the labels `cand` only, logits minus `corr`; label_pos
+        gives each target label's position in `cand`. With every label as candidate and no
+        correction this is the full loss."""
+        h = self.hidden(feat_ids, feat_vals, feat_seg, size, training)
+        w = tf.gather(self.layers[-1], cand)
+        z = tf.matmul(h, w, transpose_b=True) + tf.gather(self.biases[-1], cand) - corr
+        return _softmax_xent(z, label_pos, label_seg, label_w, size)
+
+
+def _softmax_xent(z, label_ids, label_seg, label_w, size):
+    lse = tf.reduce_logsumexp(z, axis=1)
+    picked = tf.gather_nd(z, tf.stack([label_seg, tf.cast(label_ids, tf.int32)], axis=1))
+    target = tf.math.unsorted_segment_sum(label_w * picked, label_seg, size)
+    has = tf.math.unsorted_segment_sum(label_w, label_seg, size)  # 1 with labels, else 0
+    return tf.reduce_sum(has * lse - target) / tf.maximum(tf.reduce_sum(has), 1.0)
 
 
 # Optimizers updated by TensorFlow's own kernels (dense and row-sparse).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import time
 from pathlib import Path
 from typing import Optional
@@ -26,10 +27,11 @@ import tensorflow as tf
 from hvd_adaptive import algorithms
 from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config, ConfigError
-from hvd_adaptive.data import DataError, Dataset, load_dataset, make_batch, preset, synthesize
-from hvd_adaptive.distributed import Cluster, allgather, allreduce_sum_np
+from hvd_adaptive.data import DataError, Dataset, load_dataset, preset, synthesize, synthesize_cached
+from hvd_adaptive.distributed import Cluster, allgather
+from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.hetero import Heterogeneity
-from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums, most_frequent_label_p1
+from hvd_adaptive.metrics import most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
 from hvd_adaptive.runlog import RunLog
 
@@ -55,7 +57,14 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
         s = d.synth
         overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
                                                  "nnz_mean", "labels_mean") if getattr(s, k) is not None}
-        return synthesize(preset(s.preset, scale=s.scale, seed=s.seed, **overrides))
+        spec = preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
+        say = _progress("generating synthetic data", cluster.is_root)
+        if d.cache_dir is None:
+            return synthesize(spec, say)
+        # Rank 0 generates and writes the cache; the others then memory-map it.
+        out = synthesize_cached(spec, d.cache_dir, say) if cluster.is_root else None
+        cluster.comm.Barrier()
+        return out if out is not None else synthesize_cached(spec, d.cache_dir)
 
     for key, path in (("data.train", d.train), ("data.test", d.test)):
         if not os.path.isfile(path):
@@ -70,36 +79,6 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     out = load() if cluster.is_root else None
     cluster.comm.Barrier()
     return out if out is not None else load()
-
-
-def _topk_fn(model: SparseMLP, k: int = 5):
-    @tf.function(input_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
-                                  tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)))
-    def topk(ids, vals, seg, size):
-        return tf.math.top_k(model.logits(ids, vals, seg, size), k=k).indices
-    return topk
-
-
-def evaluate(model: SparseMLP, test: Dataset, cluster: Cluster, rows: Optional[int],
-             chunk: int = 2048) -> dict:
-    """P@k and nDCG@k on the test set, rows spread over ranks, sums reduced by MPI."""
-    fn = getattr(model, "_topk", None)  # traced once per model, kept with it
-    if fn is None:
-        fn = model._topk = _topk_fn(model, k=min(5, model.n_labels))
-    n = min(rows or test.n_rows, test.n_rows)
-    mine = np.arange(cluster.rank, n, cluster.size)
-    names = ["rows", *METRIC_NAMES]
-    acc = np.zeros(len(names))
-    for i in range(0, len(mine), chunk):
-        r = mine[i:i + chunk]
-        b = make_batch(test, r)
-        top = fn(tf.constant(b.feat_ids), tf.constant(b.feat_vals), tf.constant(b.feat_seg),
-                 tf.constant(b.size, tf.int32)).numpy()
-        sub = test.subset(r)
-        s = metric_sums(top, sub.label_indptr, sub.label_indices)
-        acc += np.array([s[k] for k in names])
-    total = allreduce_sum_np(cluster.comm, acc)
-    return finalize(dict(zip(names, total.tolist())))
 
 
 def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
@@ -119,7 +98,8 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
     if quota:  # every rank may print: only the slowed ones have a quota
         print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
     with tf.device(cluster.device):
-        model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model)
+        model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model,
+                          label_freq=train_ds.label_frequencies())
         opt = Optimizer(model.variables_list, cfg.optim)
         algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
         algo.setup()
@@ -137,6 +117,17 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         else:
             log.record(event="start", **head)
         return _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed)
+
+
+def _progress(what: str, active: bool, every_s: float = 10.0):
+    """A progress callback (done, total) that prints at most every `every_s` seconds."""
+    last = [time.perf_counter()]
+
+    def say(done: int, total: int) -> None:
+        if active and (time.perf_counter() - last[0] >= every_s or done == total) and total > 100_000:
+            last[0] = time.perf_counter()
+            print(f"{what}: {done:,} of {total:,} rows\n", end="", flush=True)
+    return say
 
 
 def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
@@ -209,13 +200,18 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
             totals = np.array(resumed["totals"], dtype=float)
     fail_at = _failure_hook(cluster.rank)
 
+    evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb)
+
     def do_eval(progress: float) -> None:
+        nonlocal evaluator
         variables = algo.eval_model().variables_list
         if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
             raise FloatingPointError(
                 f"the model's weights became NaN or inf by epoch {progress:.3f} (round {rnd}); "
                 "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
-        m = evaluate(algo.eval_model(), test_ds, cluster, cfg.train.eval_rows)
+        if evaluator.model is not algo.eval_model():
+            evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb)
+        m = evaluator(test_ds, cluster, cfg.train.eval_rows)
         norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
         if hasattr(algo, "on_eval"):
             algo.on_eval(norm)
@@ -284,6 +280,10 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
     summary = _summary(cfg, cluster, algo, evals, totals, wall, samples, rates, base_p1)
     # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
     summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(algo.model))
+    # Peak resident memory of each rank's process so far (Linux reports kilobytes).
+    peak = allgather(cluster.comm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    for rec, mb in zip(summary["per_rank"], peak):
+        rec["peak_rss_mb"] = round(mb, 1)
     log.write_json("summary.json", summary)
     log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
             f"P@5 {summary['final']['p_at_5']:.4f} after {wall:.1f} s of training "

@@ -99,8 +99,10 @@ def test_static_scheduler_follows_measured_speed(tmp_path):
     assert rows[0] > 1.5 * rows[1], f"rows per rank after the first window: {rows}"
 
 
-@pytest.mark.parametrize("mode", ["plain", "row_norm", "momentum"])
-def test_adaptive_merge_follows_its_rule_window_by_window(mode):
-    p = mpirun(2, ["tests/parallel/check_merge.py", mode], timeout=180)
+@pytest.mark.parametrize("mode,ranks", [("plain", 2), ("row_norm", 3), ("momentum", 2),
+                                        ("sampled", 3), ("dense_sampled", 2), ("float16", 2)])
+def test_adaptive_merge_follows_its_rule_window_by_window(mode, ranks):
+    """Sparse and dense merges (on 2 and 3 real ranks) against the rule computed in numpy."""
+    p = mpirun(ranks, ["tests/parallel/check_merge.py", mode], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"merge ok ({mode})" in p.stdout

@@ -24,7 +24,8 @@ def numpy_loss(model, b):
     np.add.at(x, (b.feat_seg, b.feat_ids), b.feat_vals)
     h = x @ w[0] + w[1]
     for i in range(2, len(w), 2):
-        h = np.maximum(h, 0) @ w[i] + w[i + 1]
+        kernel = w[i].T if i == len(w) - 2 else w[i]  # the output layer is stored [labels x hidden]
+        h = np.maximum(h, 0) @ kernel + w[i + 1]
     lse = np.log(np.exp(h - h.max(1, keepdims=True)).sum(1)) + h.max(1)
     y = np.zeros_like(h)
     np.add.at(y, (b.label_seg, b.label_ids), b.label_w)
@@ -49,7 +50,7 @@ def test_gradient_is_row_sparse_and_matches_finite_differences():
     dense0 = tf.convert_to_tensor(grads[0]).numpy()
     eps = 1e-2
     for var, g in ((m.variables_list[0], dense0), (m.variables_list[2], grads[2].numpy())):
-        for idx in [(0, 1), (1, 2), (3, 0), (2, 2)] if var.shape[0] == 6 else [(0, 0), (4, 3)]:
+        for idx in [(0, 1), (1, 2), (3, 0), (2, 2)] if var.shape[0] == 6 else [(0, 0), (3, 4)]:
             old = var.numpy()
             bumped = old.copy(); bumped[idx] += eps; var.assign(bumped); up = numpy_loss(m, b)
             bumped[idx] -= 2 * eps; var.assign(bumped); down = numpy_loss(m, b)
@@ -111,3 +112,81 @@ def test_fused_kernels_follow_the_update_formulas(name):
                 want[touched] -= 0.1 * g / (np.sqrt(slot[touched]) + 1e-7)
     np.testing.assert_allclose(dense.numpy(), want_d, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(table.numpy(), want_t, rtol=1e-5, atol=1e-6)
+
+
+# ---- sampled output layer -------------------------------------------------------------------
+
+def sampled_model(n_labels=40, negatives=6, sampler="uniform", hidden=(5,), seed=4):
+    cfg = ModelConfig(hidden=list(hidden), init_seed=seed, output="sampled", negatives=negatives,
+                      sampler=sampler)
+    freq = np.arange(n_labels, 0, -1)  # label 0 most frequent
+    return SparseMLP(6, n_labels, cfg, label_freq=freq)
+
+
+def test_sampled_loss_over_all_labels_equals_the_full_loss():
+    m = sampled_model(n_labels=4, negatives=2)
+    full = SparseMLP(6, 4, ModelConfig(hidden=[5], init_seed=4))
+    b = tiny_batch()
+    every = tf.range(4, dtype=tf.int64)
+    got = m.candidate_loss(*batch_tensors(b)[:3], every, tf.zeros(4), tf.constant(b.label_ids),
+                           tf.constant(b.label_seg), tf.constant(b.label_w), tf.constant(3))
+    assert float(got) == pytest.approx(float(full.loss(*batch_tensors(b))), rel=1e-6)
+    assert float(got) == pytest.approx(numpy_loss(full, b), rel=1e-5)
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "frequency"])
+def test_candidates_hold_the_positives_first_and_the_negatives(sampler):
+    m = sampled_model(n_labels=40, negatives=10, sampler=sampler)
+    labels = tf.constant([7, 3, 7, 21], tf.int32)
+    cand, corr, pos = m.candidates(labels)
+    cand, corr, pos = cand.numpy(), corr.numpy(), pos.numpy()
+    assert cand[:3].tolist() == [7, 3, 21] and len(set(cand.tolist())) == len(cand)
+    assert cand[pos].tolist() == [7, 3, 7, 21]
+    assert 10 <= len(cand) <= 13  # 10 distinct negatives, some of which may be positives
+    np.testing.assert_array_equal(corr[:3], 0.0)
+    assert np.all(corr[3:] < 0)  # log of an expected count under 1
+
+
+def test_sampled_gradient_is_row_sparse_and_matches_finite_differences():
+    m = sampled_model(n_labels=40, negatives=6)
+    b = tiny_batch()
+    t = batch_tensors(b)
+    cand, corr, pos = m.candidates(tf.constant(b.label_ids))
+    args = (*t[:3], cand, corr, pos, *t[4:])
+
+    def loss():
+        return float(m.candidate_loss(*args))
+
+    with tf.GradientTape() as tape:
+        value = m.candidate_loss(*args)
+    grads = tape.gradient(value, m.variables_list)
+    w_out, b_out = m.variables_list[-2], m.variables_list[-1]
+    for g in grads[0], grads[-2], grads[-1]:
+        assert isinstance(g, tf.IndexedSlices)
+    assert set(grads[-2].indices.numpy().tolist()) == set(cand.numpy().tolist())
+    eps = 1e-2
+    for var, g, idx in ((w_out, tf.convert_to_tensor(grads[-2]).numpy(), (int(cand[0]), 1)),
+                        (w_out, tf.convert_to_tensor(grads[-2]).numpy(), (int(cand[-1]), 3)),
+                        (b_out, tf.convert_to_tensor(grads[-1]).numpy(), (int(cand[1]),))):
+        old = var.numpy()
+        bumped = old.copy(); bumped[idx] += eps; var.assign(bumped); up = loss()
+        bumped[idx] -= 2 * eps; var.assign(bumped); down = loss()
+        var.assign(old)
+        assert g[idx] == pytest.approx((up - down) / (2 * eps), abs=2e-3), idx
+
+
+def test_training_marks_the_rows_it_reaches():
+    m = sampled_model(n_labels=40, negatives=6)
+    b = tiny_batch()
+    m.loss(*batch_tensors(b), training=True)
+    assert np.flatnonzero(m.touched[0].numpy()).tolist() == [0, 1, 3, 5]
+    out = np.flatnonzero(m.touched[1].numpy())
+    assert {0, 2, 3} <= set(out.tolist()) and len(out) <= 3 + 6
+    m.clear_touched()
+    assert not m.touched[0].numpy().any() and not m.touched[1].numpy().any()
+
+
+def test_more_negatives_than_labels_is_a_clear_error():
+    from hvd_adaptive.config import ConfigError
+    with pytest.raises(ConfigError, match="model.negatives: 40 negatives"):
+        sampled_model(n_labels=40, negatives=40)

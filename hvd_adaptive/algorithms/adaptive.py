@@ -7,7 +7,8 @@ Per merge window of S rows (train.window_samples):
 2. Timing exchange: an mpi4py allgather of batches, rows and seconds; p_i = batches of rank i
    / all batches of the window.
 3. Normalized model merging: theta = sum_i w_i theta_i / sum_i w_i with w_i = p_i (adaptive
-   normalization may tilt them, see balance.merge_weights), by one fused Horovod allreduce.
+   normalization may tilt them, see balance.merge_weights), row-normalized for the row-sparse
+   layers and moving only touched rows, by one fused Horovod allreduce (hvd_adaptive/merge.py).
 4. Optional block momentum on the merged model.
 5. After warm-up, batch sizes move toward equal update counts per window (additive or
    proportional policy) and each rank's learning rate scales with its batch size.
@@ -21,8 +22,8 @@ import tensorflow as tf
 
 from hvd_adaptive import balance
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
-from hvd_adaptive.distributed import (WeightedAllreduce, allgather, allreduce_sum_np, broadcast_variables,
-                                      shared_counter)
+from hvd_adaptive.distributed import allgather, broadcast_variables, shared_counter
+from hvd_adaptive.merge import Merge
 
 
 class Adaptive(Algorithm):
@@ -43,48 +44,28 @@ class Adaptive(Algorithm):
         self.boost = False
         self.prev_norm = None
         # Optimizer state under averaging: each rank's own (local), or merged with the model.
-        slots = self.opt.slot_variables()[:-1] if a.opt_state != "local" else []
-        self.merge = WeightedAllreduce(self.variables + slots)
+        slots = self.opt.slots if a.opt_state != "local" else None
+        # Normalized model merging, row-normalized for the row-sparse layers (adaptive.row_norm),
+        # moving only touched rows (merge.sparse): hvd_adaptive/merge.py.
+        self.merge = Merge(self.model, slots, self.cfg.merge, a.row_norm, self.cluster.comm)
         # Dynamic scheduling needs MPI one-sided windows; where MPI cannot host them (across
         # nodes under OpenMPI's default osc) every rank takes the static scheduler instead.
         self.counter = shared_counter(self.cluster.comm) if a.scheduler == "rma" else None
-        # Row-normalized merge of the input layer: rows touched by some ranks only are averaged
-        # over those ranks (see _normalize_rows).
-        w1 = self.variables[0]
-        self.touched = np.zeros(w1.shape[0], bool) if a.row_norm else None
-        self.w1_anchor = tf.Variable(w1, trainable=False) if a.row_norm else None
         if a.merge_momentum > 0:
             self.anchor = [tf.Variable(v, trainable=False) for v in self.variables]
             self.velocity = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
-
-        @tf.function(input_signature=(tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32)))
-        def renormalize(rows, inv_share):
-            # merged = anchor + sum_i w_i (theta_i - anchor) / sum_{i touched} w_i, on touched rows.
-            old = tf.gather(self.w1_anchor, rows)
-            new = old + (tf.gather(w1, rows) - old) * inv_share[:, None]
-            w1.scatter_update(tf.IndexedSlices(new, rows))
-            self.w1_anchor.scatter_update(tf.IndexedSlices(new, rows))
-
-        self._renormalize = renormalize if a.row_norm else None
 
     def setup(self) -> None:
         # Horovod: identical starting replicas; merges keep them identical afterwards.
         broadcast_variables(self.variables)
         broadcast_variables(self.opt.slot_variables())
+        self.merge.reset_anchor()
         # Replicas are equal now, so a merge is a no-op that pays Horovod's first-use cost
         # before the clock starts.
-        self.merge(1.0, float(self.cluster.size))
+        self.merge(1.0 / self.cluster.size)
         if self.a.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)
-        if self.w1_anchor is not None:
-            self.w1_anchor.assign(self.variables[0])
-
-    def batch(self, rows, stats=None):
-        out = super().batch(rows, stats)
-        if self.touched is not None:
-            self.touched[out[0].numpy()] = True
-        return out
 
     # ---- one window ----------------------------------------------------------------------
     def _claims(self, w: Window, b: int):
@@ -119,8 +100,6 @@ class Adaptive(Algorithm):
         if self.counter is not None:
             self.counter.prepare(w.index)
         stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr))
-        if self.touched is not None:  # rows touched in this window only (not by calibration)
-            self.touched[:] = False
         for rows in self._claims(w, b):
             self.local_step(rows, stats)
 
@@ -132,9 +111,9 @@ class Adaptive(Algorithm):
         self.p = balance.batch_shares(info[:, 0] if self.a.weights == "batches" else info[:, 1])
         self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
         # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
-        self.merge(float(self.weights[r]), 1.0)
-        if self._renormalize is not None:
-            self._normalize_rows(float(self.weights[r]))
+        self.merge(float(self.weights[r]))
+        stats.extra["merge_mb"] = self.merge.last_bytes / 2**20
+        stats.extra["merge_full_mb"] = self.merge.dense_bytes / 2**20  # a dense merge
         if self.a.merge_momentum > 0:
             self._block_momentum()
         t3 = time.perf_counter()
@@ -145,14 +124,6 @@ class Adaptive(Algorithm):
         self.speed = rate if w.index == 0 else 0.5 * self.speed + 0.5 * rate
         self._rescale(w.progress)
         return stats
-
-    def _normalize_rows(self, weight: float) -> None:
-        """Input-layer rows touched by some ranks only: divide their merged change by the
-        touching ranks' total weight, so a row one rank trained keeps that rank's whole update
-        (plain averaging would shrink it by that rank's weight)."""
-        share = allreduce_sum_np(self.cluster.comm, self.touched.astype(np.float32) * np.float32(weight))
-        rows = np.flatnonzero(share > 0)
-        self._renormalize(tf.constant(rows, tf.int64), tf.constant(1.0 / share[rows], tf.float32))
 
     def _block_momentum(self) -> None:
         mu = self.a.merge_momentum
@@ -205,8 +176,7 @@ class Adaptive(Algorithm):
         self.p = self.per_rank(d, "adaptive.p", np.full(n, 1.0 / n))
         self.weights = self.per_rank(d, "adaptive.weights", np.full(n, 1.0 / n))
         self.speed = self.per_rank(d, "adaptive.speed", np.ones(n))
-        if self.w1_anchor is not None:  # the checkpoint is taken right after a merge
-            self.w1_anchor.assign(self.variables[0])
+        self.merge.reset_anchor()  # the checkpoint is taken right after a merge
         self.boost, self.prev_norm = bool(d["adaptive.boost"]), d["adaptive.prev_norm"]
         if self.a.merge_momentum > 0:
             for i, (x, v) in enumerate(zip(self.anchor, self.velocity)):

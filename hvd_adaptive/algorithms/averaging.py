@@ -16,7 +16,8 @@ import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.balance import split_evenly
-from hvd_adaptive.distributed import WeightedAllreduce, broadcast_variables
+from hvd_adaptive.distributed import broadcast_variables
+from hvd_adaptive.merge import Merge
 from hvd_adaptive.model import SparseMLP
 
 
@@ -48,16 +49,24 @@ class LocalSGD(_Averaging):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.merge = WeightedAllreduce(self.variables)
+        # Equal weights, plain average, only touched rows under merge.sparse (merge.py).
+        self.merge = Merge(self.model, None, self.cfg.merge, False, self.cluster.comm)
 
     def setup(self) -> None:
         super().setup()
-        self.merge(1.0, float(self.cluster.size))  # replicas are equal: a no-op that warms Horovod up
+        self.merge.reset_anchor()
+        self.merge(1.0 / self.cluster.size)  # replicas are equal: a no-op that warms Horovod up
 
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
-        self.merge_timed(lambda: self.merge(1.0, float(self.cluster.size)), stats)
+        self.merge_timed(lambda: self.merge(1.0 / self.cluster.size), stats)
+        stats.extra["merge_mb"] = self.merge.last_bytes / 2**20
+        stats.extra["merge_full_mb"] = self.merge.dense_bytes / 2**20  # a dense merge
         return stats
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.merge.reset_anchor()
 
 
 class SMA(_Averaging):

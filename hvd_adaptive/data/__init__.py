@@ -1,10 +1,11 @@
 """Dataset I/O, synthetic XMC data and batching (numpy only, no TensorFlow)."""
 from .batching import Batch, epoch_permutation, make_batch
 from .formats import DataError, Dataset, load_dataset, parse_file, write_xc
-from .synth import PRESETS, SynthSpec, preset, synth_to_files, synthesize
+from .synth import PRESETS, SynthSpec, preset, synth_to_files, synthesize, synthesize_cached
 
 __all__ = [
     "Batch", "DataError", "Dataset", "PRESETS", "SynthSpec", "epoch_permutation",
     "load_dataset", "make_batch", "parse_file", "preset", "synth_to_files", "synthesize",
+    "synthesize_cached",
     "write_xc",
 ]

@@ -22,9 +22,15 @@ Train and test rows come from the same stream, so they share the distribution.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -194,11 +200,13 @@ def _slice_rows(ds: Dataset, a: int, b: int) -> Dataset:
                    ds.source)
 
 
-def synthesize(spec: SynthSpec) -> tuple[Dataset, Dataset]:
+def synthesize(spec: SynthSpec, progress: Optional[Callable[[int, int], None]] = None
+               ) -> tuple[Dataset, Dataset]:
     """Generate a (train, test) pair from one distribution; deterministic in ``spec.seed``.
 
     Args:
         spec: The dataset shape and distribution.
+        progress: Called as ``progress(rows_done, rows_total)`` after each chunk of rows.
 
     Returns:
         ``(train, test)`` in-memory datasets with ``spec.n_train`` / ``spec.n_test`` rows.
@@ -208,8 +216,11 @@ def synthesize(spec: SynthSpec) -> tuple[Dataset, Dataset]:
     n_chunks = math.ceil(total / _CHUNK)
     seeds = np.random.SeedSequence(spec.seed).spawn(n_chunks + 1)
     model = _Model(spec, np.random.default_rng(seeds[0]))
-    parts = [_chunk(model, spec, min(_CHUNK, total - c * _CHUNK), np.random.default_rng(s))
-             for c, s in enumerate(seeds[1:])]
+    parts = []
+    for c, s in enumerate(seeds[1:]):
+        parts.append(_chunk(model, spec, min(_CHUNK, total - c * _CHUNK), np.random.default_rng(s)))
+        if progress is not None:
+            progress(min((c + 1) * _CHUNK, total), total)
     f_cnt, feats, vals, l_cnt, labels = (np.concatenate([p[i] for p in parts]) for i in range(5))
     ptr = np.concatenate(([0], np.cumsum(f_cnt))).astype(np.int64)
     lptr = np.concatenate(([0], np.cumsum(l_cnt))).astype(np.int64)
@@ -217,6 +228,48 @@ def synthesize(spec: SynthSpec) -> tuple[Dataset, Dataset]:
     full = Dataset(ptr, feats.astype(np.int32), vals, lptr, labels.astype(np.int32),
                    spec.n_features, spec.n_labels, src)
     return _slice_rows(full, 0, spec.n_train), _slice_rows(full, spec.n_train, total)
+
+
+_SYNTH_CACHE_VERSION = 1
+_SPLIT_ARRAYS = ("indptr", "indices", "values", "label_indptr", "label_indices")
+
+
+def synthesize_cached(spec: SynthSpec, cache_dir, progress=None) -> tuple[Dataset, Dataset]:
+    """`synthesize`, kept as memory-mapped ``.npy`` arrays under ``cache_dir`` (keyed by the
+    spec): the first call generates and writes them (into a temporary folder, renamed when
+    complete), later calls map them in milliseconds. A damaged cache is rebuilt."""
+    _check(spec)
+    key = hashlib.sha256(json.dumps([_SYNTH_CACHE_VERSION, dataclasses.asdict(spec)],
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    cdir = Path(cache_dir) / f"synth-{key}"
+    src = f"synth(seed={spec.seed})"
+    try:
+        meta = json.loads((cdir / "meta.json").read_text())
+        out = []
+        for part in ("train", "test"):
+            arrays = {k: np.load(cdir / f"{part}.{k}.npy", mmap_mode="r") for k in _SPLIT_ARRAYS}
+            out.append(Dataset(**arrays, n_features=meta["n_features"], n_labels=meta["n_labels"],
+                               source=src))
+        if (out[0].n_rows, out[1].n_rows) == (spec.n_train, spec.n_test):
+            return out[0], out[1]
+    except (OSError, ValueError, KeyError):
+        pass  # missing or damaged: generate
+    train, test = synthesize(spec, progress)
+    cdir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cdir.parent, prefix=f".{cdir.name}.tmp-"))
+    try:
+        for part, ds in (("train", train), ("test", test)):
+            for k in _SPLIT_ARRAYS:
+                np.save(tmp / f"{part}.{k}.npy", np.ascontiguousarray(getattr(ds, k)))
+        (tmp / "meta.json").write_text(json.dumps(
+            {"spec": dataclasses.asdict(spec), "n_features": spec.n_features,
+             "n_labels": spec.n_labels}, indent=1))
+        if cdir.exists():
+            shutil.rmtree(cdir, ignore_errors=True)
+        os.rename(tmp, cdir)  # a cache folder only ever appears complete
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return train, test
 
 
 def synth_to_files(spec: SynthSpec, out_dir) -> tuple[Path, Path]:

@@ -1,13 +1,17 @@
 """Run under mpirun: adaptive SGD's merge in a real run, checked window by window.
 
-Usage: mpirun -np 2 python tests/parallel/check_merge.py plain|row_norm|momentum
+Usage: mpirun -np N python tests/parallel/check_merge.py MODE   (MODE: see MODES)
 
-A spy around the real weighted allreduce gathers every rank's replica (and touched rows) just
-before each merge; after the window the checker recomputes the merge in numpy and asserts:
+A spy around the real merge (hvd_adaptive/merge.py) gathers every rank's replica, optimizer
+slots and touched-row masks just before each merge; after the window the checker recomputes
+the merge in numpy and asserts:
 - merge weights = the rule (balance.merge_weights) applied to the allgathered batch counts,
   including the adaptive normalization tilt once the L2-norm trend switches it on;
-- the merged model = sum_i w_i theta_i (plain), the row-normalized rule for the input layer
-  (row_norm, with the optimizer slots merged too), or block momentum (momentum);
+- the merged model = sum_i w_i theta_i (plain), with the row-normalized rule for the row-sparse
+  layers (row_norm: the input layer, and the output layer under the sampled loss; optimizer
+  slots merged plainly), or block momentum (momentum);
+- the sparse merge (the default) and the dense one (dense_*) both give that result; with 3
+  ranks the windows have rows touched by one rank, by several and by none;
 - replicas are identical after every merge.
 Exit code 0 means every check held.
 """
@@ -19,10 +23,16 @@ from hvd_adaptive import balance, distributed
 from hvd_adaptive.config import load_config
 
 PAPER = ["adaptive.row_norm=false", "adaptive.opt_state=local"]  # plain weighted average
+NORM = ["adaptive.row_norm=true", "adaptive.opt_state=average"]
+SAMPLED = ["model.output=sampled", "model.negatives=8", "data.synth.n_labels=400"]
 MODES = {
     "plain": [*PAPER, "adaptive.norm_mode=grow"],
-    "row_norm": ["adaptive.row_norm=true", "adaptive.opt_state=average"],
+    "row_norm": NORM,
+    "dense_row_norm": [*NORM, "merge.sparse=false"],
     "momentum": [*PAPER, "adaptive.merge_momentum=0.5"],
+    "sampled": [*NORM, *SAMPLED],
+    "dense_sampled": [*NORM, *SAMPLED, "merge.sparse=false"],
+    "float16": [*NORM, *SAMPLED, "merge.dtype=float16"],
 }
 
 
@@ -44,8 +54,8 @@ def main() -> int:
     algo = Adaptive(Context(cfg, c, model, opt, train, Heterogeneity(cfg.hetero, c.rank)))
     algo.setup()
     algo.trace()
-    merged_slots = cfg.adaptive.opt_state == "average"
-    tracked = model.variables_list + (opt.slot_variables()[:-1] if merged_slots else [])
+    items = algo.merge.items  # (variable, touched mask or None, row-normalized?)
+    tracked = [v for v, _, _ in items]
     seen = {}
 
     class Spy:
@@ -54,17 +64,20 @@ def main() -> int:
         def __init__(self, inner):
             self.inner = inner
 
-        def __call__(self, weight, total):
+        def __call__(self, weight):
             seen["before"] = c.comm.allgather([v.numpy().copy() for v in tracked])
-            seen["weights"] = np.array(c.comm.allgather(weight / total))
-            touched = algo.touched.copy() if algo.touched is not None else None
-            seen["touched"] = c.comm.allgather(touched)
-            self.inner(weight, total)
+            seen["weights"] = np.array(c.comm.allgather(weight))
+            seen["touched"] = c.comm.allgather([t.numpy().copy() for t in model.touched])
+            self.inner(weight)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
 
     algo.merge = Spy(algo.merge)
     anchor = [v.numpy().copy() for v in tracked]  # the model after the last merge
     velocity = [np.zeros_like(a) for a in anchor]
     windows = boosted = 0
+    kinds = set()  # how many ranks touched a row: 0, 1, ... (row-normalized modes)
     while True:
         if windows == 3 and mode == "plain":
             algo.on_eval(1.0)  # the norm grew between two evaluations: "grow" boosts
@@ -88,24 +101,38 @@ def main() -> int:
         before = seen["before"]
         want = [sum(w[i] * before[i][j].astype(np.float64) for i in range(c.size))
                 for j in range(len(tracked))]
-        if mode == "row_norm":
-            share = sum(w[i] * seen["touched"][i] for i in range(c.size))
+        for j, (v, m, norm) in enumerate(items):
+            if not norm:
+                continue
+            hits = sum(seen["touched"][i][m].astype(int) for i in range(c.size))
+            share = sum(w[i] * seen["touched"][i][m] for i in range(c.size))
             rows = share > 0
-            assert rows.any() and not rows.all(), "some input rows must go untouched"
-            w1 = anchor[0].astype(np.float64)
-            w1[rows] += (want[0][rows] - anchor[0][rows]) / share[rows][:, None]
-            want[0] = w1
+            assert rows.any() and not rows.all(), f"variable {j}: some rows must go untouched"
+            kinds.update(np.unique(hits).tolist())
+            num = sum(w[i] * seen["touched"][i][m][:, None].reshape((-1,) + (1,) * (want[j].ndim - 1))
+                      * before[i][j].astype(np.float64) for i in range(c.size))
+            want[j][rows] = num[rows] / share[rows].reshape((-1,) + (1,) * (want[j].ndim - 1))
         if mode == "momentum":
             for j in range(len(model.variables_list)):
                 velocity[j] = 0.5 * velocity[j] + (want[j] - anchor[j])
                 want[j] = anchor[j] + velocity[j]
         for j, (a, b) in enumerate(zip(after, want)):
+            if mode == "float16":
+                # Each rank's change since the anchor is rounded to 16 bits (relative 2^-11),
+                # then summed and divided: a few roundings of the largest change, no more.
+                change = np.max([np.abs(before[i][j] - anchor[j]) for i in range(c.size)], axis=0)
+                bad = np.abs(a - b) > 4e-3 * change + 1e-6
+                assert not bad.any(), (f"float16: tracked variable {j} after window {windows}: "
+                                       f"{bad.sum()} elements off, worst {np.abs(a - b).max()}")
+                continue
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{mode}: tracked variable {j} after window {windows}")
         anchor = [a.copy() for a in after]
         windows += 1
     if c.is_root:
         assert windows >= 4 and (mode != "plain" or boosted > 0), (windows, boosted)
+        if any(norm for _, _, norm in items):  # rows touched by none, one, several ranks
+            assert kinds >= set(range(c.size + 1)) - ({2} if c.size == 2 else set()), kinds
         print(f"merge ok ({mode}): {windows} windows checked, {boosted} with the tilt")
     distributed.shutdown()
     return 0

@@ -1,0 +1,86 @@
+"""Evaluation on the test set: every label ranked, in label blocks of bounded memory.
+
+Test rows are spread over the ranks (rank r takes rows r, r + n, ...); each rank ranks all
+labels for its rows chunk by chunk, and within a chunk block by block: a block's logits
+([chunk rows x block labels] floats) never exceed `train.eval_memory_mb`, and a running top-k
+is kept across blocks. The metric sums are then reduced over ranks by MPI, so the result
+equals a one-process evaluation of the same model.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_adaptive.data import Dataset, make_batch
+from hvd_adaptive.distributed import Cluster, allreduce_sum_np
+from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums
+from hvd_adaptive.model import SparseMLP
+
+K = 5  # P@k and nDCG@k for k = 1, 3, 5
+
+
+def plan_blocks(n_labels: int, rows: int, memory_mb: float, k: int = K) -> int:
+    """Labels per block so that rows x block x 4 bytes stays within memory_mb (at least k)."""
+    if memory_mb <= 0:
+        raise ValueError(f"train.eval_memory_mb: must be > 0, got {memory_mb}")
+    fit = int(memory_mb * 2**20 // (4 * max(rows, 1)))
+    return max(min(k, n_labels), min(n_labels, fit))
+
+
+class Evaluator:
+    """Ranks every label for test rows with a running top-k over label blocks."""
+
+    def __init__(self, model: SparseMLP, memory_mb: float, chunk: int = 2048, k: int = K):
+        self.model, self.k = model, min(k, model.n_labels)
+        # Rows per chunk: at most `chunk`, fewer when even one k-label block would not fit.
+        self.chunk = max(1, min(chunk, int(memory_mb * 2**20 // (4 * max(self.k, 1)))))
+        self.block = plan_blocks(model.n_labels, self.chunk, memory_mb, self.k)
+        spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
+                tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
+        self._hidden = tf.function(lambda *a: model.hidden(*a), input_signature=spec)
+        self._topk = tf.function(self._topk_blocks, input_signature=(
+            tf.TensorSpec([None, None], tf.float32),))
+
+    def _topk_blocks(self, h):
+        n, k, block = self.model.n_labels, self.k, self.block
+        rows = tf.shape(h)[0]
+        best_v = tf.fill([rows, k], tf.constant(-np.inf, tf.float32))
+        best_i = tf.zeros([rows, k], tf.int32)
+        for start in tf.range(0, n, block):  # AutoGraph: one while loop, whatever the blocks
+            tf.autograph.experimental.set_loop_options(
+                shape_invariants=[(best_v, tf.TensorShape([None, k])),
+                                  (best_i, tf.TensorShape([None, k]))])
+            z = self.model.block_logits(h, start, tf.minimum(start + block, n))
+            # A last block narrower than k is padded with -inf (never chosen over a real label).
+            z = tf.pad(z, [[0, 0], [0, tf.maximum(k - tf.shape(z)[1], 0)]], constant_values=-np.inf)
+            v, i = tf.math.top_k(z, k=k)
+            best_v, pick = tf.math.top_k(tf.concat([best_v, v], 1), k=k)
+            best_i = tf.gather(tf.concat([best_i, i + start], 1), pick, batch_dims=1)
+        return best_i
+
+    def top_labels(self, test: Dataset, rows: np.ndarray) -> np.ndarray:
+        """The k best labels of each test row in `rows`, best first, [len(rows) x k]."""
+        out = []
+        for i in range(0, len(rows), self.chunk):
+            b = make_batch(test, rows[i:i + self.chunk])
+            h = self._hidden(tf.constant(b.feat_ids), tf.constant(b.feat_vals),
+                             tf.constant(b.feat_seg), tf.constant(b.size, tf.int32))
+            out.append(self._topk(h).numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.k), np.int32)
+
+    def __call__(self, test: Dataset, cluster: Cluster, rows: Optional[int]) -> dict:
+        """P@k and nDCG@k over the first `rows` test rows (all: None), spread over ranks."""
+        n = min(rows or test.n_rows, test.n_rows)
+        mine = np.arange(cluster.rank, n, cluster.size)
+        names = ["rows", *METRIC_NAMES]
+        acc = np.zeros(len(names))
+        for i in range(0, len(mine), self.chunk):
+            r = mine[i:i + self.chunk]
+            top = self.top_labels(test, r)
+            sub = test.subset(r)
+            s = metric_sums(top, sub.label_indptr, sub.label_indices)
+            acc += np.array([s[k] for k in names])
+        total = allreduce_sum_np(cluster.comm, acc)
+        return finalize(dict(zip(names, total.tolist())))

@@ -1,0 +1,155 @@
+"""The weighted merge of model replicas (adaptive SGD, local SGD): the merge rule in one place.
+
+Every rank holds a replica theta_i and a merge weight w_i (the weights sum to 1 over ranks,
+known to every rank after the timing allgather). The merged model, which every rank continues
+from, is
+
+    merged = sum_i w_i theta_i                                   (dense layers, biases)
+    merged[r] = sum_{i touched r} w_i theta_i[r] / sum_{i touched r} w_i   (row_norm)
+
+The second line is the row-normalized rule for the row-sparse layers (input layer; output
+layer and bias under the sampled loss): a row that only some ranks trained since the last merge
+takes their weighted average, not an average diluted by the untouched replicas' old values.
+Optimizer slots merged with the model (adaptive.opt_state: average) use the first line.
+
+Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"), so
+each rank scales its own tensors by w_i locally and one fused grouped_allreduce (op=Sum) adds
+them up: one collective per merge, whatever the layers.
+
+Sparse merge (merge.sparse): rows of the row-sparse layers that no rank touched since the last
+merge are identical on every rank, so only the union U of touched rows travels. Each rank marks
+the rows its training steps reached (SparseMLP.touched: features of its batches, candidate
+labels under the sampled loss); the union is agreed by one bitwise-or MPI allreduce of the
+packed masks (features / 8 + labels / 8 bytes a rank), then the rows U of every row-sparse
+variable (and of its optimizer slots) are gathered, merged and scattered back. The result equals
+the dense merge up to float rounding; the bytes moved follow |U| instead of the row count.
+
+float16 (merge.dtype): each rank sends w_i (theta_i - anchor) in 16 bits, where the anchor is
+the merged model of the previous merge kept in 32 bits on every rank; the summed change is added
+to the anchor in 32 bits. Rounding then applies to one window's change, not to the weights.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_adaptive.config import MergeConfig
+from hvd_adaptive.model import SparseMLP
+
+
+class Merge:
+    """merged = the rule above, over all ranks, in one fused Horovod allreduce.
+
+    Args:
+        model: this rank's replica; its `touched` masks say which rows it trained.
+        slots: optimizer slot variables merged with the model, one list per model variable
+            (empty lists or None: slots stay per rank).
+        cfg: the merge section of the config (sparse, dtype).
+        row_norm: the row-normalized rule for the row-sparse layers.
+        comm: mpi4py communicator (the union of touched rows).
+    """
+
+    def __init__(self, model: SparseMLP, slots: Optional[Sequence[Sequence[tf.Variable]]],
+                 cfg: MergeConfig, row_norm: bool, comm):
+        import horovod.tensorflow as hvd
+
+        self.model, self.cfg, self.row_norm, self.comm = model, cfg, row_norm, comm
+        variables = model.variables_list
+        masks = model.row_sparse
+        # (variable, which touched-mask indexes its rows or None, row-normalized?)
+        self.items = [(v, m, row_norm and m is not None) for v, m in zip(variables, masks)]
+        for group, m in zip(slots or [[] for _ in variables], masks):
+            self.items += [(s, m, False) for s in group]
+        self.used_masks = sorted({m for _, m, _ in self.items if m is not None})
+        self.wire = tf.float16 if cfg.dtype == "float16" else tf.float32
+        self.anchor = ([tf.Variable(v, trainable=False) for v, _, _ in self.items]
+                       if cfg.dtype == "float16" else None)
+        self.last_bytes = 0
+        self.dense_bytes = sum(int(np.prod(v.shape)) * self.wire.size for v, _, _ in self.items)
+        rows_spec = tf.TensorSpec([None], tf.int64)
+        flag_spec = tf.TensorSpec([None], tf.float32)
+
+        @tf.function(input_signature=(rows_spec, rows_spec, flag_spec, flag_spec,
+                                      tf.TensorSpec([], tf.float32)))
+        def merge(rows_in, rows_out, mine_in, mine_out, weight):
+            rows, mine = (rows_in, rows_out), (mine_in, mine_out)
+            sparse = cfg.sparse
+            sent, shares = [], {}
+            for j, (v, m, norm) in enumerate(self.items):
+                x = tf.gather(v, rows[m]) if (sparse and m is not None) else tf.identity(v)
+                if self.anchor is not None:
+                    a = self.anchor[j]
+                    x = x - (tf.gather(a, rows[m]) if (sparse and m is not None) else a)
+                scale = weight * mine[m] if norm else weight
+                if norm:
+                    scale = tf.reshape(scale, [-1] + [1] * (len(v.shape) - 1))
+                sent.append(tf.cast(x * scale, self.wire))
+            for m in {m for _, m, norm in self.items if norm}:
+                shares[m] = len(sent)
+                sent.append(tf.cast(weight * mine[m], self.wire))
+            summed = hvd.grouped_allreduce(sent, op=hvd.Sum, name="weighted_merge")
+            for j, (v, m, norm) in enumerate(self.items):
+                y = tf.cast(summed[j], tf.float32)
+                part = sparse and m is not None
+                if norm:
+                    share = tf.cast(summed[shares[m]], tf.float32)
+                    share = tf.reshape(share, [-1] + [1] * (len(v.shape) - 1))
+                    y = y / tf.maximum(share, 1e-30)
+                if self.anchor is not None:
+                    a = self.anchor[j]
+                    y = (tf.gather(a, rows[m]) if part else a) + y
+                if norm and not part:
+                    # Dense merge: rows nobody touched keep their (common) value.
+                    y = tf.where(share > 0, y, v)
+                if part:
+                    v.scatter_update(tf.IndexedSlices(y, rows[m]))
+                    if self.anchor is not None:
+                        self.anchor[j].scatter_update(tf.IndexedSlices(y, rows[m]))
+                else:
+                    v.assign(y)
+                    if self.anchor is not None:
+                        self.anchor[j].assign(y)
+
+        self._merge = merge
+
+    def reset_anchor(self) -> None:
+        """The float16 merge's 32-bit anchor follows the model (after broadcast or restore)."""
+        if self.anchor is not None:
+            for a, (v, _, _) in zip(self.anchor, self.items):
+                a.assign(v)
+
+    def __call__(self, weight: float) -> None:
+        """Merges with this rank's weight (weights sum to 1 over ranks); clears the masks."""
+        from mpi4py import MPI
+
+        touched = [t.numpy() for t in self.model.touched]
+        rows: list = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
+        mine: list = [np.zeros(0, np.float32), np.zeros(0, np.float32)]
+        for m in self.used_masks:
+            if self.cfg.sparse:
+                packed = np.packbits(touched[m])
+                union = np.empty_like(packed)
+                self.comm.Allreduce(packed, union, op=MPI.BOR)
+                rows[m] = np.flatnonzero(np.unpackbits(union, count=touched[m].size)).astype(np.int64)
+                mine[m] = touched[m][rows[m]].astype(np.float32)
+            else:
+                mine[m] = touched[m].astype(np.float32)
+        self._merge(tf.constant(rows[0]), tf.constant(rows[1]), tf.constant(mine[0]),
+                    tf.constant(mine[1]), tf.constant(weight, tf.float32))
+        self.last_bytes = self._bytes(rows)
+        self.model.clear_touched()
+
+    def _bytes(self, rows: list) -> int:
+        """Bytes one rank puts into the merge's allreduce."""
+        total = 0
+        for v, m, norm in self.items:
+            n = int(np.prod(v.shape))
+            if self.cfg.sparse and m is not None:
+                n = n // max(int(v.shape[0]), 1) * len(rows[m])
+            total += n * self.wire.size
+        for m in {m for _, m, norm in self.items if norm}:
+            n = len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0])
+            total += n * self.wire.size
+        return total
