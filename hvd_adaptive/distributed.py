@@ -268,8 +268,47 @@ class SharedCounter:
                     lo, hi = old, budget
             yield lo, hi
 
+    def keep_progressing(self) -> None:
+        """Rank 0 only: a thread calls MPI every half millisecond while this rank computes.
+
+        Over TCP, UCX serves other ranks' atomics on rank 0's window only inside rank 0's MPI
+        calls; without this thread the ranks of other nodes waited for rank 0's next claim and
+        rank 0 trained 1,648 of an epoch's 2,000 rows on 2 nodes x 2 ranks.
+        """
+        self._progress = _Progress()
+
     def free(self) -> None:
+        if getattr(self, "_progress", None) is not None:
+            self._progress.stop()
         self.win.Free()
+
+
+class _Progress:
+    """A daemon thread that drives MPI's progress engine (MPI_Iprobe on COMM_SELF, which
+    matches nothing) until stopped; stopped before MPI is finalized at exit."""
+
+    def __init__(self, interval_s: float = 0.0005):
+        import atexit
+        import threading
+        from mpi4py import MPI
+
+        self._stop = threading.Event()
+
+        def run() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    MPI.COMM_SELF.Iprobe()
+                except Exception:  # noqa: BLE001 - MPI is going away; nothing left to drive
+                    return
+
+        self._thread = threading.Thread(target=run, name="mpi-progress", daemon=True)
+        self._thread.start()
+        # Python runs atexit handlers before mpi4py finalizes MPI (a C-level exit hook).
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def shared_counter(comm) -> Optional[SharedCounter]:
@@ -290,6 +329,12 @@ def shared_counter(comm) -> Optional[SharedCounter]:
         counter, why = None, e.Get_error_string().strip() or str(e)
     everyone = comm.allgather(why)
     if not any(everyone):
+        # Ranks on other nodes than rank 0 reach the window through the network.
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        across = node.Get_size() < comm.Get_size()
+        node.Free()
+        if across and comm.Get_rank() == 0:
+            counter.keep_progressing()
         comm.Barrier()  # rank 0 zeroed the slots before anyone claims
         return counter
     if comm.Get_rank() == 0:
