@@ -65,10 +65,16 @@ class DataConfig:
     the generated arrays are kept here (rank 0 writes, the others map them); None: every rank
     generates them in memory."""
     synth: SynthConfig = field(default_factory=SynthConfig)
+    propensity_a: float = 0.55
+    """A of the Jain et al. label propensities behind PSP@k and PSnDCG@k (0.6 for Amazon data
+    sets, 0.5 for Wikipedia ones in that paper)."""
+    propensity_b: float = 1.5
+    """B of those propensities (2.6 for Amazon, 0.4 for Wikipedia)."""
 
     def validate(self, path: str) -> None:
         if (self.train == "synthetic") != (self.test == "synthetic"):
             raise ConfigError(f"{path}: train and test must both be files or both be 'synthetic'")
+        _positive(self, path, "propensity_a", "propensity_b")
         self.synth.validate(path + ".synth")
 
 

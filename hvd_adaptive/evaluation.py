@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from hvd_adaptive.data import Dataset, make_batch
 from hvd_adaptive.distributed import Cluster, allreduce_sum_np
-from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums
+from hvd_adaptive.metrics import finalize, metric_sums, sum_names
 from hvd_adaptive.model import SparseMLP
 
 K = 5  # P@k and nDCG@k for k = 1, 3, 5
@@ -32,8 +32,10 @@ def plan_blocks(n_labels: int, rows: int, memory_mb: float, k: int = K) -> int:
 class Evaluator:
     """Ranks every label for test rows with a running top-k over label blocks."""
 
-    def __init__(self, model: SparseMLP, memory_mb: float, chunk: int = 2048, k: int = K):
-        self.model, self.k = model, min(k, model.n_labels)
+    def __init__(self, model: SparseMLP, memory_mb: float, chunk: int = 2048, k: int = K,
+                 inv_prop: Optional[np.ndarray] = None):
+        """inv_prop: the labels' inverse propensities; given, PSP@k and PSnDCG@k are added."""
+        self.model, self.k, self.inv_prop = model, min(k, model.n_labels), inv_prop
         # Rows per chunk: at most `chunk`, fewer when even one k-label block would not fit.
         self.chunk = max(1, min(chunk, int(memory_mb * 2**20 // (4 * max(self.k, 1)))))
         self.block = plan_blocks(model.n_labels, self.chunk, memory_mb, self.k)
@@ -71,16 +73,17 @@ class Evaluator:
         return np.concatenate(out) if out else np.zeros((0, self.k), np.int32)
 
     def __call__(self, test: Dataset, cluster: Cluster, rows: Optional[int]) -> dict:
-        """P@k and nDCG@k over the first `rows` test rows (all: None), spread over ranks."""
+        """P@k and nDCG@k (and PSP@k, PSnDCG@k) over the first `rows` test rows (all: None),
+        spread over ranks."""
         n = min(rows or test.n_rows, test.n_rows)
         mine = np.arange(cluster.rank, n, cluster.size)
-        names = ["rows", *METRIC_NAMES]
+        names = sum_names(self.inv_prop is not None)
         acc = np.zeros(len(names))
         for i in range(0, len(mine), self.chunk):
             r = mine[i:i + self.chunk]
             top = self.top_labels(test, r)
             sub = test.subset(r)
-            s = metric_sums(top, sub.label_indptr, sub.label_indices)
+            s = metric_sums(top, sub.label_indptr, sub.label_indices, self.inv_prop)
             acc += np.array([s[k] for k in names])
         total = allreduce_sum_np(cluster.comm, acc)
         return finalize(dict(zip(names, total.tolist())))

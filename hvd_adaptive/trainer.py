@@ -31,7 +31,7 @@ from hvd_adaptive.data import DataError, Dataset, load_dataset, preset, synthesi
 from hvd_adaptive.distributed import Cluster, allgather
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.hetero import Heterogeneity
-from hvd_adaptive.metrics import most_frequent_label_p1
+from hvd_adaptive.metrics import inverse_propensities, most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
 from hvd_adaptive.runlog import RunLog
 
@@ -200,7 +200,10 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
             totals = np.array(resumed["totals"], dtype=float)
     fail_at = _failure_hook(cluster.rank)
 
-    evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb)
+    train_ds = algo.ctx.train
+    inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
+                                    cfg.data.propensity_a, cfg.data.propensity_b)
+    evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb, inv_prop=inv_prop)
 
     def do_eval(progress: float) -> None:
         nonlocal evaluator
@@ -210,7 +213,7 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
                 f"the model's weights became NaN or inf by epoch {progress:.3f} (round {rnd}); "
                 "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
         if evaluator.model is not algo.eval_model():
-            evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb)
+            evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb, inv_prop=inv_prop)
         m = evaluator(test_ds, cluster, cfg.train.eval_rows)
         norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
         if hasattr(algo, "on_eval"):
@@ -220,7 +223,8 @@ def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> di
         evals.append(rec)
         log.record(**rec)
         log.say(f"eval  epoch {progress:6.2f} | {wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
-                f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f}")
+                f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
+                f"| PSP@5 {m['psp_at_5']:.4f}")
 
     def save() -> None:
         _save(ckpt, algo, cfg, log, rnd, wall=wall, samples=samples, totals=totals.copy(),
