@@ -1,5 +1,9 @@
 """Config: YAML -> dataclasses, overrides, and the errors that name the key."""
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +81,28 @@ def test_round_trip_through_json():
 
 
 def test_shipped_configs_load():
-    from pathlib import Path
     for p in sorted(Path(__file__).parents[1].glob("configs/*.yaml")):
         load_config(p, extra_sections=("sweep",))
+
+
+def test_algorithm_registry_without_tensorflow_until_built():
+    # Config, the CLI and thread sizing read the registry before TensorFlow may start; every
+    # name must still resolve to an Algorithm class once TensorFlow is there.
+    code = """
+import importlib, sys
+from hvd_adaptive import cli, run, sweep
+from hvd_adaptive.algorithms import ALGORITHMS, worker_threads
+from hvd_adaptive.config import load_config
+cfg, _ = load_config(None, ["train.algorithm=adaptive_hogbatch", "hogbatch.cpu_ranks=[1]",
+                            "hogbatch.cpu_threads=1", "train.threads=2"])
+assert (worker_threads(cfg, 0), worker_threads(cfg, 1)) == (2, 1)
+loaded = sorted(m for m in sys.modules if m.startswith(("tensorflow", "horovod", "hvd_adaptive.algorithms.")))
+assert not loaded, loaded
+from hvd_adaptive.algorithms import Algorithm
+for name, target in ALGORITHMS.items():
+    module, _, cls = target.partition(":")
+    assert issubclass(getattr(importlib.import_module(module), cls), Algorithm), name
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert p.returncode == 0, p.stderr[-3000:]
