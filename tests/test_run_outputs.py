@@ -91,3 +91,23 @@ def test_verbose_shows_them():
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert start_up_lines(p.stderr), p.stderr[-3000:]
+
+
+def test_new_run_replaces_old_events_resumed_run_adds(tmp_path):
+    from hvd_adaptive.runlog import RunLog
+
+    def session(first: str, p1: float, samples: int):
+        log = RunLog(tmp_path, active=True)
+        log.record(event=first, wall_s=1.0)
+        log.record(event="eval", wall_s=2.0, epoch=1.0, samples=samples, p_at_1=p1)
+        log.close()
+
+    session("start", 0.1, 100)
+    session("start", 0.2, 100)  # a new run in the same folder: the first run's curve goes
+    files, tags = read_events(tmp_path / "tb")
+    assert len(files) == 1 and tags["eval/p_at_1"] == [(100, pytest.approx(0.2))]
+    session("resume", 0.3, 200)  # a resumed run continues the curve
+    files, tags = read_events(tmp_path / "tb")
+    assert len(files) == 2
+    assert sorted(tags["eval/p_at_1"]) == [(100, pytest.approx(0.2)), (200, pytest.approx(0.3))]
+    assert not RunLog(tmp_path / "other", active=False).dir.exists()  # other ranks write nothing
