@@ -64,8 +64,8 @@ def quiet_tensorflow(verbose: bool) -> None:
 def mpirun_command(ranks: int, args: list[str]) -> tuple[list[str], dict]:
     """`mpirun -np ranks python ARGS` on this machine, and its environment.
 
-    More ranks than cores are allowed (--oversubscribe) and none is pinned (--bind-to none:
-    pinned ranks on a busy machine would share one core); OpenMPI may run as root (containers).
+    More ranks than cores are allowed (--oversubscribe), no rank is pinned to a core
+    (--bind-to none), and OpenMPI may run as root (containers).
     """
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none", sys.executable, *args]
     return cmd, dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
