@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from mpirun import REPO, job_group, mpi_env, records, run
-from nodes import Nodes, available
+from nodes import Nodes, available, remove_stale
 
 pytestmark = pytest.mark.multinode
 
@@ -55,6 +55,45 @@ def on_nodes(nodes: Nodes, per_node: int, args: list[str], timeout: float = 240,
 
 def _explain(p) -> str:
     return f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
+
+
+def test_a_killed_harness_leaves_nothing_behind_once_the_next_one_starts():
+    """Nodes of a process killed midway (no finally ran) go with the next harness's start."""
+    code = ("import subprocess, sys, time; sys.path.insert(0, 'tests'); from nodes import Nodes\n"
+            "n = Nodes(2).__enter__()\n"
+            "p = subprocess.Popen(n.on(1, ['sleep', '300']), start_new_session=True)\n"
+            "print(n.tag, p.pid, flush=True); time.sleep(300)")
+    with job_group([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True) as child:
+        tag, pid = child.stdout.readline().split()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    pid = int(pid)
+    try:
+        assert Path(f"/proc/{pid}").exists() and any(n.startswith(tag) for n in _netns())
+    finally:
+        remove_stale()
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(n.startswith(tag) for n in _netns()) and f" {tag}" not in links
+    assert not list(Path("/etc/netns").glob(f"{tag}*")) and not list(Path(tempfile.gettempdir()).glob(f"{tag}-*"))
+
+
+def _netns() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_a_thread_level_below_multiple_is_refused_at_start():
+    """A real MPI (a singleton) asked for MPI_THREAD_SERIALIZED grants that: init's check names it."""
+    code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
+            "from mpi4py import MPI\n"
+            "from hvd_adaptive.distributed import require_thread_level\n"
+            "require_thread_level(MPI.Query_thread(), MPI)")
+    p = run([sys.executable, "-c", code], 60, mpi_env())
+    assert p.returncode != 0
+    assert ("MPI granted thread level MPI_THREAD_SERIALIZED, but hvd_adaptive needs "
+            "MPI_THREAD_MULTIPLE") in p.stderr, p.stderr[-2000:]
 
 
 def test_mpi_sees_separate_nodes_and_the_counter_crosses_them(nodes):
