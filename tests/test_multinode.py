@@ -7,7 +7,7 @@ Run (after `bash launch/setup.sh --slurm`):
 Two nodes, each a network + UTS namespace with its own address and hostname; the ranks of one
 node share memory, the nodes talk TCP over a bridge. What is checked across nodes, and what
 only on one node, is listed in docs/multinode.md. About 3 minutes here (2 cores; TensorFlow's
-import dominates every job).
+start-up dominates every job).
 """
 from __future__ import annotations
 
@@ -225,7 +225,7 @@ def test_faults_across_nodes_and_resume_on_other_layouts(nodes, tmp_path):
         assert job.proc.returncode != 0, job.out[-3000:]
         assert took < LINK_DOWN_BOUND_S, f"{took:.0f} s to end after the link went down"
         assert "ORTE has lost communication with a remote daemon" in job.out, job.out[-3000:]
-        assert f"Remote daemon: [[" in job.out and f"on node {nodes.names[1]}" in job.out, job.out[-3000:]
+        assert "Remote daemon: [[" in job.out and f"on node {nodes.names[1]}" in job.out, job.out[-3000:]
     second = _checkpoints(run_dir)
     print(f"[multinode] node 1's link down: job ended in {took:.1f} s (exit {job.proc.returncode})")
 
