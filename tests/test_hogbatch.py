@@ -13,8 +13,8 @@ from hvd_adaptive.config import ConfigError, load_config
 from mpirun import mpirun, records, train
 
 # ---- the pure policy ----------------------------------------------------------------------------
-from hvd_adaptive.algorithms.hogbatch import (adapt_batch, require_one_node, update_shares, worker_batch,
-                                              worker_threads)
+from hvd_adaptive.algorithms import worker_threads
+from hvd_adaptive.algorithms.hogbatch import adapt_batch, require_one_node, update_shares, worker_batch
 
 
 def test_adapt_batch_keeps_batch_inside_the_dead_band():
