@@ -211,12 +211,16 @@ def test_faults_across_nodes_and_resume_on_other_layouts(nodes, tmp_path):
         assert job.proc.returncode != 0, job.out[-3000:]
         assert took < 30, f"the job took {took:.0f} s to end after a rank was killed"
     first = _checkpoints(run_dir)
+    # Every rank wrote its part into the shared run folder, those of node 1 included.
+    ckpt = run_dir / "checkpoints" / f"ckpt-{max(first)}"
+    assert sorted(p.name for p in ckpt.glob("rank-*")) == [f"rank-{r}" for r in range(4)], list(ckpt.iterdir())
     print(f"[multinode] rank killed on node 1: job ended in {took:.1f} s (exit {job.proc.returncode})")
 
     # 2. Resume on 2 nodes x 1 rank; take node 1's link down after the next checkpoint.
     with _Job(nodes, 1, run_dir, "--resume") as job:
         job.wait_for(lambda: "resuming from" in job.out and max(_checkpoints(run_dir)) > max(first),
                      timeout=180)
+        assert f"ckpt-{max(first)} (round {max(first)}, written by 4 rank(s))" in job.out, job.out[-3000:]
         nodes.link_down(1)
         try:
             took = job.wait_end(timeout=LINK_DOWN_BOUND_S + 30)
