@@ -20,6 +20,8 @@ def test_chunks_cover_every_row_once_without_tiny_tails(total, size):
     ("local", ["train.algorithm=local"]),
     ("sma", ["train.algorithm=sma"]),
     ("adaptive", ["train.algorithm=adaptive"]),
+    # Three row-sparse gradients (input layer, output layer, output bias) in sync's allreduce.
+    ("sync_sampled", ["train.algorithm=sync", "model.output=sampled", "model.negatives=20"]),
 ])
 def test_each_algorithm_learns(tmp_path, name, sets):
     s = train(2, tmp_path / name, *sets)

@@ -53,7 +53,16 @@ class Sync(Algorithm):
         @tf.function(reduce_retracing=True)
         def allreduce(grads):
             # Horovod: one fused allreduce (Sum) of every gradient; IndexedSlices are allgathered.
-            return hvd.grouped_allreduce(list(grads), op=hvd.Sum, name="sync_gradients")
+            # Horovod 0.28.1 takes each allgathered slice's dense_shape from the group's tensors
+            # by position among the slices, so the row-sparse gradients go first (with the
+            # sampled output layer there are three: input layer, output layer, output bias).
+            grads = list(grads)
+            order = sorted(range(len(grads)), key=lambda i: not isinstance(grads[i], tf.IndexedSlices))
+            summed = hvd.grouped_allreduce([grads[i] for i in order], op=hvd.Sum, name="sync_gradients")
+            out = [None] * len(grads)
+            for i, g in zip(order, summed):
+                out[i] = g
+            return out
 
         @tf.function(reduce_retracing=True)
         def update(grads):
