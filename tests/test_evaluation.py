@@ -17,10 +17,12 @@ def test_block_plan_respects_the_memory_bound():
         plan_blocks(100, 10, 0)
 
 
+@pytest.mark.parametrize("output", ["full", "sampled"])  # two layouts of the output layer
 @pytest.mark.parametrize("memory_mb", [0.0008, 0.003, 64.0])
-def test_blocked_top_k_equals_unblocked(memory_mb):
+def test_blocked_top_k_equals_unblocked(memory_mb, output):
     train, test = synthesize(preset("eurlex4k", scale=0.05, seed=2, n_test=150))
-    model = SparseMLP(train.n_features, train.n_labels, ModelConfig(hidden=[16], init_seed=3))
+    model = SparseMLP(train.n_features, train.n_labels,
+                      ModelConfig(hidden=[16], init_seed=3, output=output, negatives=10))
     ev = Evaluator(model, memory_mb, chunk=64)
     if memory_mb < 1:
         assert ev.block < model.n_labels  # really blocked (several blocks, a ragged last one)
