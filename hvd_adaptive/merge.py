@@ -121,7 +121,8 @@ class Merge:
                 a.assign(v)
 
     def __call__(self, weight: float) -> None:
-        """Merges with this rank's weight (weights sum to 1 over ranks); clears the masks."""
+        """Merges with this rank's weight (weights sum to 1 over ranks). The masks are cleared at
+        each window's start (Algorithm.run_round), not here."""
         from mpi4py import MPI
 
         touched = [t.numpy() for t in self.model.touched]
@@ -139,7 +140,6 @@ class Merge:
         self._merge(tf.constant(rows[0]), tf.constant(rows[1]), tf.constant(mine[0]),
                     tf.constant(mine[1]), tf.constant(weight, tf.float32))
         self.last_bytes = self._bytes(rows)
-        self.model.clear_touched()
 
     def _bytes(self, rows: list) -> int:
         """Bytes one rank puts into the merge's allreduce."""
