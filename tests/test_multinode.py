@@ -100,8 +100,8 @@ def test_mpi_sees_separate_nodes_and_the_counter_crosses_them(nodes):
     """No TensorFlow: what OpenMPI sees, the counter under osc ucx, the fallback without it."""
     p = on_nodes(nodes, 2, ["tests/parallel/check_nodes.py", "500"], timeout=60, mca=UCX)
     assert p.returncode == 0, _explain(p)
-    ranks = sorted((json.loads(line[5:]) for line in p.stdout.splitlines() if line.startswith("node ")),
-                   key=lambda r: r["rank"])
+    ranks = next(json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("nodes "))
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3], ranks
     assert [r["host"] for r in ranks] == [nodes.names[0]] * 2 + [nodes.names[1]] * 2, ranks
     assert [(r["local_rank"], r["local_size"]) for r in ranks] == [(0, 2), (1, 2)] * 2, ranks
     assert all(r["thread_multiple"] for r in ranks), ranks

@@ -2,12 +2,13 @@
 
 Usage: mpirun ... python tests/parallel/check_nodes.py BUDGET
 
-Without TensorFlow or Horovod (seconds, not a training job). Prints one line per rank,
-``node {json}``: hostname, the node-local rank and size (MPI_Comm_split_type SHARED, as
-Horovod's local rank), the thread level granted. Then the dynamic scheduler's counter from
-`distributed.shared_counter`: either every rank gets it and two windows of BUDGET rows are
-claimed in batches of 7 (root asserts every row claimed exactly once, by every rank in part, and prints
-``counter dynamic ...``), or every rank got None (``counter fallback``).
+Without TensorFlow or Horovod (seconds, not a training job). Rank 0 prints one line,
+``nodes [json, ...]`` in rank order (gathered: mpirun forwards ranks' output in pieces, so
+lines printed by several ranks at once can run together): hostname, the node-local rank and
+size (MPI_Comm_split_type SHARED, as Horovod's local rank), the thread level granted. Then
+the dynamic scheduler's counter from `distributed.shared_counter`: either every rank gets it
+and two windows of BUDGET rows are claimed in batches of 7 (root asserts every row claimed
+exactly once, by every rank in part, and prints ``counter dynamic ...``), or every rank got None (``counter fallback``).
 """
 import json
 import socket
@@ -37,7 +38,9 @@ def main() -> int:
     info = dict(rank=comm.Get_rank(), host=socket.gethostname(), processor=MPI.Get_processor_name(),
                 local_rank=node.Get_rank(), local_size=node.Get_size(),
                 thread_multiple=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-    print("node " + json.dumps(info), flush=True)
+    infos = comm.gather(info, root=0)
+    if comm.Get_rank() == 0:
+        print("nodes " + json.dumps(infos), flush=True)
     counter = shared_counter(comm)
     kinds = comm.allgather(counter is not None)
     assert len(set(kinds)) == 1, f"ranks disagree on the counter: {kinds}"
