@@ -13,6 +13,10 @@ State dicts are flat: str -> numpy array (stored as .npy) or JSON value (int, fl
 str, None, list, dict). Keys starting with "rank." are per-rank. Resuming on a different
 number of ranks hands rank r the per-rank part of old rank r mod N; the algorithms resize
 their per-rank arrays themselves (see Algorithm.load_state_dict).
+
+A training checkpoint (Checkpointer.save_training) is the algorithm's state_dict plus the
+training loop's position under "trainer.*" keys: round, the window stream's key, the length of
+metrics.jsonl, and what the loop passes (wall, samples, totals, evals, last_progress).
 """
 from __future__ import annotations
 
@@ -28,8 +32,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from hvd_adaptive.config import ConfigError
+
 FORMAT = 1
 MARKER = "COMPLETE"
+LOOP = "trainer."  # prefix of the training loop's keys in a training checkpoint
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
 PER_RANK = "rank."
@@ -350,4 +357,65 @@ class Checkpointer:
                 f"checkpoint written (last good one: {last}); lower optim.lr or check the data")
         path = save(self.dir, rounds_done, state, self.comm, self.cfg.keep)
         self.last_saved = rounds_done
+        return path
+
+    # ---- training checkpoints: an algorithm plus the loop's position -------------------------
+    @staticmethod
+    def stream_key(algo) -> list:
+        """What the window stream depends on: resuming skips windows, so these must not change."""
+        train = algo.cfg.train
+        return [train.seed, train.window_samples, algo.ctx.train.n_rows]
+
+    def restore(self, algo, log) -> Optional[dict]:
+        """Loads the newest good checkpoint into the algorithm (resume auto).
+
+        Args:
+            algo: The run's Algorithm, set up on every rank.
+            log: The RunLog; metrics.jsonl is cut back to where the checkpoint was taken.
+
+        Returns:
+            The loop's saved state (the "trainer.*" keys without the prefix), or None for a
+            fresh run.
+
+        Raises:
+            ConfigError: The checkpoint was taken with another window stream, algorithm or model.
+        """
+        found = self.start()
+        if found is None:
+            return None
+        state, manifest = found
+        if state[LOOP + "stream"] != self.stream_key(algo):
+            raise ConfigError(
+                f"{manifest['path']}: checkpoint was taken with [train.seed, train.window_samples, training "
+                f"rows] = {state[LOOP + 'stream']}, this run has {self.stream_key(algo)}; "
+                "resume with the same values or use another --run-dir")
+        try:
+            algo.load_state_dict(state)
+        except ValueError as e:  # wrong algorithm or model shape: say which checkpoint
+            raise ConfigError(f"{manifest['path']}: {e}") from None
+        if algo.resized:
+            n = manifest["ranks"]
+            own = ("" if not (algo.slots_differ or algo.replicas_differ) else
+                   f"; rank r takes the per-rank state (optimizer, sma replica) of old rank r mod {n}")
+            self.say(f"warning: checkpoint written by {n} ranks, resuming on {algo.cluster.size}: "
+                     f"per-rank batch sizes, shares and totals restart{own}")
+        log.truncate(int(state[LOOP + "metrics_bytes"]))
+        return {k[len(LOOP):]: v for k, v in state.items() if k.startswith(LOOP)}
+
+    def save_training(self, algo, log, rounds_done: int, loop_state: dict) -> Path:
+        """Checkpoints the algorithm and the loop's position (every rank); rank 0 says where.
+
+        Args:
+            algo: The run's Algorithm, at the end of a round.
+            log: The RunLog; rank 0's length of metrics.jsonl is saved, to cut back to on resume.
+            rounds_done: Rounds trained; names the checkpoint.
+            loop_state: The loop's own state, saved under "trainer.<key>".
+        """
+        state = algo.state_dict()
+        state.update({LOOP + k: v for k, v in loop_state.items()})
+        state[LOOP + "round"] = rounds_done
+        state[LOOP + "stream"] = self.stream_key(algo)
+        state[LOOP + "metrics_bytes"] = log.size()  # rank 0's count is the one saved
+        path = self.save(rounds_done, state)
+        self.say(f"checkpoint {path}")
         return path

@@ -7,6 +7,11 @@ evaluation and checkpoint time left out, so accuracy-against-time curves compare
 fairly. A resumed run (checkpoint.resume: auto) cuts metrics.jsonl back to where its checkpoint
 was taken and continues the curve from there.
 
+Around the loop, each concern has its own module: loading the data and its checks in
+data/loading.py, restoring and saving checkpoints in checkpoint.py (Checkpointer), evaluation
+in evaluation.py, the run's files in runlog.py, a round's accounting in algorithms/base.py
+(RoundStats).
+
 Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
 default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
 HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
@@ -18,6 +23,7 @@ import math
 import os
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -25,9 +31,10 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_adaptive import algorithms
+from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.checkpoint import Checkpointer
-from hvd_adaptive.config import Config, ConfigError
-from hvd_adaptive.data import DataError, Dataset, load_dataset, preset, synthesize, synthesize_cached
+from hvd_adaptive.config import Config
+from hvd_adaptive.data import Dataset, check_fits, load_data
 from hvd_adaptive.distributed import Cluster, allgather
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.hetero import Heterogeneity
@@ -36,49 +43,9 @@ from hvd_adaptive.model import Optimizer, SparseMLP
 from hvd_adaptive.runlog import RunLog
 
 
-# Where a round's time goes (RoundStats), and the per-rank totals the summary keeps.
-TIMES = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
-TOTALS = ("samples", "batches", *TIMES)
-
-
 def itstime(progress: float, every: float, last: float) -> bool:
     """Whether a periodic event due every `every` epochs fell between `last` and `progress`."""
     return math.floor(progress / every + 1e-9) > math.floor(last / every + 1e-9)
-
-
-def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
-    """Train and test sets on every rank: synthetic (same seed everywhere) or files.
-
-    Rank 0 parses files first and writes the binary caches; the others then memory-map them,
-    so ranks never race to build one cache.
-    """
-    d = cfg.data
-    if d.train == "synthetic":
-        s = d.synth
-        overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
-                                                 "nnz_mean", "labels_mean") if getattr(s, k) is not None}
-        spec = preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
-        say = _progress("generating synthetic data", cluster.is_root)
-        if d.cache_dir is None:
-            return synthesize(spec, say)
-        # Rank 0 generates and writes the cache; the others then memory-map it.
-        out = synthesize_cached(spec, d.cache_dir, say) if cluster.is_root else None
-        cluster.comm.Barrier()
-        return out if out is not None else synthesize_cached(spec, d.cache_dir)
-
-    for key, path in (("data.train", d.train), ("data.test", d.test)):
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: data file not found ({key})")
-
-    def load() -> tuple[Dataset, Dataset]:
-        train = load_dataset(d.train, fmt=d.format, cache_dir=d.cache_dir)
-        test = load_dataset(d.test, fmt=d.format, cache_dir=d.cache_dir,
-                            n_features=train.n_features, n_labels=train.n_labels)
-        return train, test
-
-    out = load() if cluster.is_root else None
-    cluster.comm.Barrier()
-    return out if out is not None else load()
 
 
 def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
@@ -104,7 +71,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
         algo.setup()
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
-        resumed = _restore(ckpt, algo, cfg, train_ds, log)
+        resumed = ckpt.restore(algo, log)
         algo.trace()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size))
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
@@ -116,68 +83,170 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:
             log.record(event="start", **head)
-        return _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed)
+        run = Trainer(cfg, algo, test_ds, log, ckpt,
+                      Position.restored(resumed, cluster.size, algo.resized))
+        run.loop()
+        return run.finish(rates, base_p1)
 
 
-def _progress(what: str, active: bool, every_s: float = 10.0):
-    """A progress callback (done, total) that prints at most every `every_s` seconds."""
-    last = [time.perf_counter()]
+@dataclass
+class Position:
+    """Where training stands; checkpointed with the model (Checkpointer.save_training)."""
 
-    def say(done: int, total: int) -> None:
-        if active and (time.perf_counter() - last[0] >= every_s or done == total) and total > 100_000:
-            last[0] = time.perf_counter()
-            print(f"{what}: {done:,} of {total:,} rows\n", end="", flush=True)
-    return say
+    totals: np.ndarray              # per rank, columns TOTALS: RoundStats added up
+    wall: float = 0.0               # training seconds on rank 0's clock
+    samples: float = 0.0            # rows trained, all ranks
+    rounds: int = 0                 # rounds done
+    last_progress: float = 0.0      # epochs done at the end of the last round
+    evals: list = field(default_factory=list)  # the eval records so far
 
+    @classmethod
+    def restored(cls, saved: Optional[dict], ranks: int, resized: bool) -> Position:
+        """A fresh run's position, or the one a checkpoint saved (Checkpointer.restore)."""
+        at = cls(np.zeros((ranks, len(TOTALS))))
+        if saved:
+            at.wall, at.samples, at.rounds = saved["wall"], saved["samples"], saved["round"]
+            at.last_progress, at.evals = saved["last_progress"], saved["evals"]
+            if not resized:  # per-rank totals of ranks that no longer exist mean nothing
+                at.totals = np.array(saved["totals"], dtype=float)
+        return at
 
-def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
-    """Set-up errors that would otherwise surface as hangs or odd numbers mid-run."""
-    n, src = train_ds.n_rows, train_ds.source or "the synthetic training set"
-    if n < ranks:
-        raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
-    if cfg.train.batch_size > n:
-        raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the {n} "
-                          f"training rows of {src}")
-
-
-def _stream_key(cfg: Config, train_ds: Dataset) -> list:
-    """What the window stream depends on: resuming skips windows, so these must not change."""
-    return [cfg.train.seed, cfg.train.window_samples, train_ds.n_rows]
-
-
-def _restore(ckpt: Checkpointer, algo, cfg: Config, train_ds: Dataset, log: RunLog) -> Optional[dict]:
-    """Loads the newest good checkpoint into the algorithm; returns the loop's saved state."""
-    found = ckpt.start()
-    if found is None:
-        return None
-    state, manifest = found
-    if state["trainer.stream"] != _stream_key(cfg, train_ds):
-        raise ConfigError(
-            f"{manifest['path']}: checkpoint was taken with [train.seed, train.window_samples, training "
-            f"rows] = {state['trainer.stream']}, this run has {_stream_key(cfg, train_ds)}; "
-            "resume with the same values or use another --run-dir")
-    try:
-        algo.load_state_dict(state)
-    except ValueError as e:  # wrong algorithm or model shape: say which checkpoint
-        raise ConfigError(f"{manifest['path']}: {e}") from None
-    if algo.resized:
-        n = manifest["ranks"]
-        own = ("" if not (algo.slots_differ or algo.replicas_differ) else
-               f"; rank r takes the per-rank state (optimizer, sma replica) of old rank r mod {n}")
-        log.say(f"warning: checkpoint written by {n} ranks, resuming on {algo.cluster.size}: "
-                f"per-rank batch sizes, shares and totals restart{own}")
-    log.truncate(int(state["trainer.metrics_bytes"]))
-    return {k[len("trainer."):]: v for k, v in state.items() if k.startswith("trainer.")}
+    def saved(self) -> dict:
+        """The loop's part of a checkpoint ("trainer.<key>")."""
+        return dict(wall=self.wall, samples=self.samples, totals=self.totals.copy(),
+                    evals=self.evals, last_progress=self.last_progress)
 
 
-def _save(ckpt: Checkpointer, algo, cfg: Config, log: RunLog, rounds: int, **loop_state) -> None:
-    state = algo.state_dict()
-    state.update({f"trainer.{k}": v for k, v in loop_state.items()})
-    state["trainer.round"] = rounds
-    state["trainer.stream"] = _stream_key(cfg, algo.ctx.train)
-    state["trainer.metrics_bytes"] = log.size()  # rank 0's count is the one saved
-    path = ckpt.save(rounds, state)
-    log.say(f"checkpoint {path}")
+class Trainer:
+    """The loop over rounds, with evaluation, checkpoints and the run's records around it."""
+
+    def __init__(self, cfg: Config, algo, test_ds: Dataset, log: RunLog, ckpt: Checkpointer,
+                 at: Position):
+        self.cfg, self.algo, self.cluster = cfg, algo, algo.cluster
+        self.test_ds, self.log, self.ckpt, self.at = test_ds, log, ckpt, at
+        train_ds = algo.ctx.train
+        self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
+                                             cfg.data.propensity_a, cfg.data.propensity_b)
+        self.evaluator: Optional[Evaluator] = None
+
+    def loop(self) -> None:
+        """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
+        budget or the target; a final evaluation and checkpoint if the last round had none."""
+        cfg, at, log = self.cfg.train, self.at, self.log
+        fail_at, last_say = _failure_hook(self.cluster.rank), -1e9
+        while True:
+            if at.rounds == fail_at:
+                _inject_failure(self.algo, at.rounds)
+            t0 = time.perf_counter()
+            stats = self.algo.run_round()
+            if stats is None:
+                break
+            ranks, loss = self.account(stats, time.perf_counter() - t0)
+            if time.perf_counter() - last_say >= cfg.log_every_s:
+                last_say = time.perf_counter()
+                log.say(f"train epoch {stats.epoch:6.2f} | {at.wall:7.1f} s | loss {loss:.4f} | "
+                        f"{at.samples / max(at.wall, 1e-9):8.0f} rows/s | batch "
+                        + "/".join(str(r.batch_size) for r in ranks))
+            out_of_time = cfg.time_budget_s is not None and at.wall >= cfg.time_budget_s
+            if itstime(stats.epoch, cfg.eval_every, at.last_progress) and not out_of_time:
+                self.evaluate(stats.epoch)
+            at.last_progress = stats.epoch
+            if self.ckpt.due(at.rounds):
+                self.save()
+            if out_of_time:
+                log.say(f"time budget of {cfg.time_budget_s} s reached")
+                break
+            target = cfg.target_p_at_1
+            if target is not None and at.evals and at.evals[-1]["p_at_1"] >= target:
+                log.say(f"target P@1 {target} reached")
+                break
+        if not at.evals or at.evals[-1]["epoch"] != round(at.last_progress, 4):
+            self.evaluate(at.last_progress)
+        if self.ckpt.last_saved != at.rounds:  # the final state, so a longer run can continue from it
+            self.save()
+
+    def account(self, stats: RoundStats, seconds: float) -> tuple[list[RoundStats], float]:
+        """Gathers every rank's RoundStats, adds them to the position, writes the round's
+        record; returns the ranks' stats and the round's mean loss."""
+        at = self.at
+        info = allgather(self.cluster.comm, (stats, seconds))
+        at.wall += info[0][1]  # rank 0's clock is the run's clock
+        ranks = [i[0] for i in info]
+        at.samples += sum(r.samples for r in ranks)
+        at.totals += [r.totals() for r in ranks]
+        loss = sum(r.loss_sum for r in ranks) / max(sum(r.samples for r in ranks), 1)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {at.rounds}); "
+                                     "lower optim.lr or check the data")
+        self.log.record(event="round", round=at.rounds, epoch=round(stats.epoch, 4),
+                        wall_s=round(at.wall, 4), samples=int(at.samples), loss=round(loss, 5),
+                        ranks=[r.record(i) for i, r in enumerate(ranks)])
+        at.rounds += 1
+        return ranks, loss
+
+    def evaluate(self, progress: float) -> None:
+        """Evaluates the algorithm's model on the test set (every rank), records and says it."""
+        model, at = self.algo.eval_model(), self.at
+        variables = model.variables_list
+        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
+            raise FloatingPointError(
+                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {at.rounds}); "
+                "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
+        if self.evaluator is None or self.evaluator.model is not model:
+            self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
+        m = self.evaluator(self.test_ds, self.cluster, self.cfg.train.eval_rows)
+        norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
+        if hasattr(self.algo, "on_eval"):
+            self.algo.on_eval(norm)
+        rec = dict(event="eval", wall_s=round(at.wall, 4), epoch=round(progress, 4),
+                   samples=int(at.samples), **{k: round(v, 5) for k, v in m.items()},
+                   weight_norm=round(norm, 4))
+        at.evals.append(rec)
+        self.log.record(**rec)
+        self.log.say(f"eval  epoch {progress:6.2f} | {at.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
+                     f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
+                     f"| PSP@5 {m['psp_at_5']:.4f}")
+
+    def save(self) -> None:
+        self.ckpt.save_training(self.algo, self.log, self.at.rounds, self.at.saved())
+
+    def finish(self, rates: list[float], base_p1: float) -> dict:
+        """Writes summary.json (rank 0) and returns it; closes the run's files."""
+        at, cluster, log = self.at, self.cluster, self.log
+        summary = self.summary(rates, base_p1)
+        # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
+        summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(self.algo.model))
+        # Peak resident memory of each rank's process so far (Linux reports kilobytes).
+        peak = allgather(cluster.comm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        for rec, mb in zip(summary["per_rank"], peak):
+            rec["peak_rss_mb"] = round(mb, 1)
+        log.write_json("summary.json", summary)
+        log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
+                f"P@5 {summary['final']['p_at_5']:.4f} after {at.wall:.1f} s of training "
+                f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
+        log.close()
+        return summary
+
+    def summary(self, rates: list[float], base_p1: float) -> dict:
+        """The run's summary.json, peak memory and fingerprints aside."""
+        at = self.at
+        per_rank = []
+        for i, t in enumerate(at.totals):
+            d = dict(zip(TOTALS, t.tolist()))
+            per_rank.append({"rank": i, "samples": int(d["samples"]), "batches": int(d["batches"]),
+                             **{k: round(d[k], 3) for k in TIMES},
+                             "busy_fraction": round(d["compute_s"] / max(at.wall, 1e-9), 4),
+                             "standalone_rate": round(rates[i], 1)})
+        return {
+            "algorithm": self.cfg.train.algorithm, "ranks": self.cluster.size,
+            "train_wall_s": round(at.wall, 3),
+            "samples": int(at.samples), "rows_per_s": round(at.samples / max(at.wall, 1e-9), 1),
+            # Samples per second achieved over what the ranks could do alone, added up.
+            "efficiency": round(at.samples / max(at.wall, 1e-9) / max(sum(rates), 1e-9), 4),
+            "baseline_p_at_1": base_p1, "final": {k: v for k, v in at.evals[-1].items() if k != "event"},
+            "best_p_at_1": max(e["p_at_1"] for e in at.evals), "per_rank": per_rank,
+            "algorithm_state": self.algo.state(),
+        }
 
 
 def _failure_hook(rank: int) -> Optional[int]:
@@ -188,132 +257,14 @@ def _failure_hook(rank: int) -> Optional[int]:
     return int(at)
 
 
-def _loop(cfg, cluster, algo, test_ds, log, rates, base_p1, ckpt, resumed) -> dict:
-    wall = samples = 0.0
-    last_progress, last_say, rnd = 0.0, -1e9, 0
-    totals = np.zeros((cluster.size, len(TOTALS)))  # per rank, columns TOTALS
-    evals: list[dict] = []
-    if resumed:
-        wall, samples, rnd = resumed["wall"], resumed["samples"], resumed["round"]
-        last_progress, evals = resumed["last_progress"], resumed["evals"]
-        if not algo.resized:  # per-rank totals of ranks that no longer exist mean nothing
-            totals = np.array(resumed["totals"], dtype=float)
-    fail_at = _failure_hook(cluster.rank)
-
-    train_ds = algo.ctx.train
-    inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
-                                    cfg.data.propensity_a, cfg.data.propensity_b)
-    evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb, inv_prop=inv_prop)
-
-    def do_eval(progress: float) -> None:
-        nonlocal evaluator
-        variables = algo.eval_model().variables_list
-        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
-            raise FloatingPointError(
-                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {rnd}); "
-                "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
-        if evaluator.model is not algo.eval_model():
-            evaluator = Evaluator(algo.eval_model(), cfg.train.eval_memory_mb, inv_prop=inv_prop)
-        m = evaluator(test_ds, cluster, cfg.train.eval_rows)
-        norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
-        if hasattr(algo, "on_eval"):
-            algo.on_eval(norm)
-        rec = dict(event="eval", wall_s=round(wall, 4), epoch=round(progress, 4), samples=int(samples),
-                   **{k: round(v, 5) for k, v in m.items()}, weight_norm=round(norm, 4))
-        evals.append(rec)
-        log.record(**rec)
-        log.say(f"eval  epoch {progress:6.2f} | {wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
-                f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
-                f"| PSP@5 {m['psp_at_5']:.4f}")
-
-    def save() -> None:
-        _save(ckpt, algo, cfg, log, rnd, wall=wall, samples=samples, totals=totals.copy(),
-              evals=evals, last_progress=last_progress)
-
-    while True:
-        if rnd == fail_at:
-            if os.environ.get("HVD_ADAPTIVE_FAIL_KIND") == "nan":
-                w = algo.model.variables_list[0]
-                w.assign(tf.fill(tf.shape(w), float("nan")))
-            else:
-                raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
-        t0 = time.perf_counter()
-        stats = algo.run_round()
-        if stats is None:
-            break
-        dt = time.perf_counter() - t0
-        info = allgather(cluster.comm, (vars(stats), dt))
-        wall += info[0][1]  # rank 0's clock is the run's clock
-        ranks = [i[0] for i in info]
-        samples += sum(r["samples"] for r in ranks)
-        totals += [[r[k] for k in TOTALS] for r in ranks]
-        loss = sum(r["loss_sum"] for r in ranks) / max(sum(r["samples"] for r in ranks), 1)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {rnd}); "
-                                     "lower optim.lr or check the data")
-        log.record(event="round", round=rnd, epoch=round(stats.epoch, 4), wall_s=round(wall, 4),
-                   samples=int(samples), loss=round(loss, 5),
-                   ranks=[{"rank": i, "batch_size": r["batch_size"], "batches": r["batches"],
-                           "samples": r["samples"], **{k: round(r[k], 4) for k in TIMES},
-                           "weight": round(r["weight"], 5), "lr": r["lr"],
-                           **{k: round(v, 4) if isinstance(v, float) else v for k, v in r["extra"].items()}}
-                          for i, r in enumerate(ranks)])
-        rnd += 1
-        if time.perf_counter() - last_say >= cfg.train.log_every_s:
-            last_say = time.perf_counter()
-            log.say(f"train epoch {stats.epoch:6.2f} | {wall:7.1f} s | loss {loss:.4f} | "
-                    f"{samples / max(wall, 1e-9):8.0f} rows/s | batch "
-                    + "/".join(str(r["batch_size"]) for r in ranks))
-        out_of_time = cfg.train.time_budget_s is not None and wall >= cfg.train.time_budget_s
-        if itstime(stats.epoch, cfg.train.eval_every, last_progress) and not out_of_time:
-            do_eval(stats.epoch)
-        last_progress = stats.epoch
-        if ckpt.due(rnd):
-            save()
-        if out_of_time:
-            log.say(f"time budget of {cfg.train.time_budget_s} s reached")
-            break
-        target = cfg.train.target_p_at_1
-        if target is not None and evals and evals[-1]["p_at_1"] >= target:
-            log.say(f"target P@1 {target} reached")
-            break
-    if not evals or evals[-1]["epoch"] != round(last_progress, 4):
-        do_eval(last_progress)
-    if ckpt.last_saved != rnd:  # the final state, so a longer run can continue from it
-        save()
-    summary = _summary(cfg, cluster, algo, evals, totals, wall, samples, rates, base_p1)
-    # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
-    summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(algo.model))
-    # Peak resident memory of each rank's process so far (Linux reports kilobytes).
-    peak = allgather(cluster.comm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    for rec, mb in zip(summary["per_rank"], peak):
-        rec["peak_rss_mb"] = round(mb, 1)
-    log.write_json("summary.json", summary)
-    log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
-            f"P@5 {summary['final']['p_at_5']:.4f} after {wall:.1f} s of training "
-            f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
-    log.close()
-    return summary
+def _inject_failure(algo, rnd: int) -> None:
+    """Test hook: NaN in the input layer (HVD_ADAPTIVE_FAIL_KIND=nan), else an exception."""
+    if os.environ.get("HVD_ADAPTIVE_FAIL_KIND") == "nan":
+        w = algo.model.variables_list[0]
+        w.assign(tf.fill(tf.shape(w), float("nan")))
+    else:
+        raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
 
 
 def _fingerprint(model: SparseMLP) -> list[float]:
     return [float(tf.reduce_sum(v)) + float(tf.reduce_sum(v * v)) for v in model.variables_list]
-
-
-def _summary(cfg, cluster, algo, evals, totals, wall, samples, rates, base_p1) -> dict:
-    per_rank = []
-    for i, t in enumerate(totals):
-        d = dict(zip(TOTALS, t.tolist()))
-        per_rank.append({"rank": i, "samples": int(d["samples"]), "batches": int(d["batches"]),
-                         **{k: round(d[k], 3) for k in TIMES},
-                         "busy_fraction": round(d["compute_s"] / max(wall, 1e-9), 4),
-                         "standalone_rate": round(rates[i], 1)})
-    return {
-        "algorithm": cfg.train.algorithm, "ranks": cluster.size, "train_wall_s": round(wall, 3),
-        "samples": int(samples), "rows_per_s": round(samples / max(wall, 1e-9), 1),
-        # Samples per second achieved over what the ranks could do alone, added up.
-        "efficiency": round(samples / max(wall, 1e-9) / max(sum(rates), 1e-9), 4),
-        "baseline_p_at_1": base_p1, "final": {k: v for k, v in evals[-1].items() if k != "event"},
-        "best_p_at_1": max(e["p_at_1"] for e in evals), "per_rank": per_rank,
-        "algorithm_state": algo.state(),
-    }

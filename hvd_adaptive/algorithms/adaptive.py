@@ -15,8 +15,6 @@ Per merge window of S rows (train.window_samples):
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tensorflow as tf
 
@@ -104,20 +102,17 @@ class Adaptive(Algorithm):
             self.local_step(rows, stats)
 
         comm.Barrier()  # waiting for the last rank to finish its batch is not communication
-        t1 = time.perf_counter()
-        # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
-        info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
-        t2 = time.perf_counter()
-        self.p = balance.batch_shares(info[:, 0] if self.a.weights == "batches" else info[:, 1])
-        self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
-        # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
-        self.merge(float(self.weights[r]))
-        stats.extra["merge_mb"] = self.merge.last_bytes / 2**20
-        stats.extra["merge_full_mb"] = self.merge.dense_bytes / 2**20  # a dense merge
-        if self.a.merge_momentum > 0:
-            self._block_momentum()
-        t3 = time.perf_counter()
-        stats.sync_s, stats.comm_s = t2 - t1, t3 - t2
+        with stats.timed("sync_s"):
+            # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
+            info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
+        with stats.timed("comm_s"):
+            self.p = balance.batch_shares(info[:, 0] if self.a.weights == "batches" else info[:, 1])
+            self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
+            # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
+            self.merge(float(self.weights[r]))
+            if self.a.merge_momentum > 0:
+                self._block_momentum()
+        stats.note_merge(self.merge)
         stats.weight = float(self.weights[r])
         stats.extra["share"] = float(self.p[r])
         rate = info[:, 1] / np.maximum(info[:, 2], 1e-9)

@@ -9,8 +9,6 @@ differ in the merge at the round's end.
 """
 from __future__ import annotations
 
-import time
-
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
@@ -39,9 +37,8 @@ class _Averaging(Algorithm):
         """Runs the round's merge as communication; waiting for the slowest rank (the barrier)
         stays out of it and ends up in wait_s."""
         self.cluster.comm.Barrier()
-        t0 = time.perf_counter()
-        merge()
-        stats.comm_s = time.perf_counter() - t0
+        with stats.timed("comm_s"):
+            merge()
 
 
 class LocalSGD(_Averaging):
@@ -60,8 +57,7 @@ class LocalSGD(_Averaging):
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
         self.merge_timed(lambda: self.merge(1.0 / self.cluster.size), stats)
-        stats.extra["merge_mb"] = self.merge.last_bytes / 2**20
-        stats.extra["merge_full_mb"] = self.merge.dense_bytes / 2**20  # a dense merge
+        stats.note_merge(self.merge)
         return stats
 
     def load_state_dict(self, d: dict) -> None:

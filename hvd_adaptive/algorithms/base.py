@@ -68,6 +68,11 @@ class Window:
         return self.epoch + self.end / self.n_rows
 
 
+# Where a round's time goes (RoundStats), and the per-rank totals the run summary keeps.
+TIMES = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
+TOTALS = ("samples", "batches", *TIMES)
+
+
 @dataclass
 class RoundStats:
     """This rank's accounting for one round (allgathered and written by rank 0).
@@ -101,10 +106,37 @@ class RoundStats:
         self.loss_sum += loss * rows
         self.compute_s += compute_s
 
-    def close(self, total_s: float) -> None:
-        """Sets wait_s to the part of the round's `total_s` that no other field accounts for."""
+    @contextmanager
+    def timed(self, what: str) -> Iterator[None]:
+        """Adds the time spent inside to the field `what` ("comm_s", "sync_s", ...)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, what, getattr(self, what) + time.perf_counter() - t0)
+
+    def note_merge(self, merge) -> None:
+        """Records the bytes a rank put into the round's merge (a merge.Merge), and a dense one's."""
+        self.extra["merge_mb"] = merge.last_bytes / 2**20
+        self.extra["merge_full_mb"] = merge.dense_bytes / 2**20
+
+    def close(self, total_s: float, slowdown_s: float) -> None:
+        """Ends the round: wait_s is the part of its `total_s` that no other field accounts
+        for; `slowdown_s` is the injected slowdown (hetero) within it."""
         busy = self.batch_s + self.compute_s + self.comm_s + self.sync_s
         self.wait_s = max(total_s - busy, 0.0)
+        self.extra["slowdown_s"] = slowdown_s
+
+    def totals(self) -> list[float]:
+        """The round's values of TOTALS, which the run summary adds up per rank."""
+        return [getattr(self, k) for k in TOTALS]
+
+    def record(self, rank: int) -> dict:
+        """This rank's entry in the round's record in metrics.jsonl."""
+        return {"rank": rank, "batch_size": self.batch_size, "batches": self.batches,
+                "samples": self.samples, **{k: round(getattr(self, k), 4) for k in TIMES},
+                "weight": round(self.weight, 5), "lr": self.lr,
+                **{k: round(v, 4) if isinstance(v, float) else v for k, v in self.extra.items()}}
 
 
 class Algorithm:
@@ -234,8 +266,7 @@ class Algorithm:
         t0, slept = time.perf_counter(), self.hetero.injected_s
         self.model.clear_touched()  # rows this window trains (not calibration's or warm-up's)
         stats = self.train_window(w)
-        stats.close(time.perf_counter() - t0)
-        stats.extra["slowdown_s"] = self.hetero.injected_s - slept
+        stats.close(time.perf_counter() - t0, self.hetero.injected_s - slept)
         return stats
 
     def train_window(self, w: Window) -> RoundStats:

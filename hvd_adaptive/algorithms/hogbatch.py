@@ -348,8 +348,7 @@ class Hogbatch(Algorithm):
         self.shared.copy_into(self.variables)
         self.shared.fence()
         self.round += 1
-        stats.close(time.perf_counter() - t_round)
-        stats.extra["slowdown_s"] = self.hetero.injected_s - slept
+        stats.close(time.perf_counter() - t_round, self.hetero.injected_s - slept)
         stats.batch_size, stats.lr = self.b, float(self.opt.lr)
         updates = self.shared.table[:, UPDATES].copy()
         shares, cpu_share = update_shares(updates - self._round_start_updates, self.h.cpu_ranks)

@@ -15,8 +15,6 @@ the summed gradient is the mean over the global batch whatever the split.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
@@ -95,12 +93,10 @@ class Sync(Algorithm):
         batch = self.batch(rows, stats)
         (loss, grads), t_grad = self.hetero.compute(self._gradient, *batch, tf.constant(share, tf.float32))
         self.cluster.comm.Barrier()  # waiting for the slowest rank is not counted as transfer
-        t1 = time.perf_counter()
-        summed = self._allreduce(grads)
-        _ready(summed[-1])  # the allreduce has finished once its results are readable
-        t2 = time.perf_counter()
+        with stats.timed("comm_s"):
+            summed = self._allreduce(grads)
+            _ready(summed[-1])  # the allreduce has finished once its results are readable
         _, t_upd = self.hetero.compute(self._update, summed)
-        stats.comm_s += t2 - t1
         stats.add_step(len(rows), float(loss), t_grad + t_upd)
         stats.extra["grad_s"] = stats.extra.get("grad_s", 0.0) + t_grad
         stats.extra["update_s"] = stats.extra.get("update_s", 0.0) + t_upd
@@ -123,11 +119,10 @@ class Sync(Algorithm):
 
     def _repartition(self, stats: RoundStats) -> None:
         """LB-BSP: share this window's costs (allgather) and split the global batch by them."""
-        t0 = time.perf_counter()
         steps = max(stats.batches, 1)
         mine = (stats.extra["grad_s"] / max(stats.samples, 1), stats.extra["update_s"] / steps)
-        costs = np.array(allgather(self.cluster.comm, mine))
-        stats.sync_s += time.perf_counter() - t0
+        with stats.timed("sync_s"):
+            costs = np.array(allgather(self.cluster.comm, mine))
         keep = self.cfg.sync.smoothing if self.per_row.any() else 0.0
         self.per_row = keep * self.per_row + (1 - keep) * costs[:, 0]
         self.per_step = keep * self.per_step + (1 - keep) * costs[:, 1]

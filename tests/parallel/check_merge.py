@@ -46,7 +46,7 @@ def main() -> int:
     from hvd_adaptive.algorithms.adaptive import Adaptive
     from hvd_adaptive.hetero import Heterogeneity
     from hvd_adaptive.model import Optimizer, SparseMLP
-    from hvd_adaptive.trainer import load_data
+    from hvd_adaptive.data import load_data
 
     train, _ = load_data(cfg, c)
     model = SparseMLP(train.n_features, train.n_labels, cfg.model)

@@ -33,7 +33,7 @@ def main() -> int:
     from hvd_adaptive.algorithms import base
     from hvd_adaptive.hetero import Heterogeneity
     from hvd_adaptive.model import Optimizer, SparseMLP
-    from hvd_adaptive.trainer import load_data
+    from hvd_adaptive.data import load_data
 
     me = dict(rank=c.rank, host=socket.gethostname(), local_rank=c.local_rank,
               local_size=c.local_size, threads=c.threads, device=c.device,

@@ -28,7 +28,7 @@ def main() -> int:
     from hvd_adaptive.algorithms import base, hogbatch
     from hvd_adaptive.hetero import Heterogeneity
     from hvd_adaptive.model import Optimizer, SparseMLP
-    from hvd_adaptive.trainer import load_data
+    from hvd_adaptive.data import load_data
 
     used, recording = [], [False]
     real = base.make_batch

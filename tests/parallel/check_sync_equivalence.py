@@ -32,7 +32,7 @@ def main() -> int:
     from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums
     from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
     from hvd_adaptive.evaluation import Evaluator
-    from hvd_adaptive.trainer import load_data
+    from hvd_adaptive.data import load_data
 
     train, test = load_data(cfg, c)
     model = SparseMLP(train.n_features, train.n_labels, cfg.model)

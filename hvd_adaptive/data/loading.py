@@ -1,0 +1,69 @@
+"""A run's train and test sets on every rank (collective), and the checks that they fit the job."""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Callable
+
+from hvd_adaptive.config import Config, ConfigError
+from hvd_adaptive.data.formats import DataError, Dataset, load_dataset
+from hvd_adaptive.data.synth import preset, synthesize, synthesize_cached
+
+if TYPE_CHECKING:
+    from hvd_adaptive.distributed import Cluster
+
+
+def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
+    """Train and test sets on every rank: synthetic (same seed everywhere) or files.
+
+    Rank 0 parses files first and writes the binary caches; the others then memory-map them,
+    so ranks never race to build one cache.
+    """
+    d = cfg.data
+    if d.train == "synthetic":
+        s = d.synth
+        overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
+                                                 "nnz_mean", "labels_mean") if getattr(s, k) is not None}
+        spec = preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
+        say = _progress("generating synthetic data", cluster.is_root)
+        if d.cache_dir is None:
+            return synthesize(spec, say)
+        # Rank 0 generates and writes the cache; the others then memory-map it.
+        out = synthesize_cached(spec, d.cache_dir, say) if cluster.is_root else None
+        cluster.comm.Barrier()
+        return out if out is not None else synthesize_cached(spec, d.cache_dir)
+
+    for key, path in (("data.train", d.train), ("data.test", d.test)):
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: data file not found ({key})")
+
+    def load() -> tuple[Dataset, Dataset]:
+        train = load_dataset(d.train, fmt=d.format, cache_dir=d.cache_dir)
+        test = load_dataset(d.test, fmt=d.format, cache_dir=d.cache_dir,
+                            n_features=train.n_features, n_labels=train.n_labels)
+        return train, test
+
+    out = load() if cluster.is_root else None
+    cluster.comm.Barrier()
+    return out if out is not None else load()
+
+
+def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
+    """Set-up errors that would otherwise surface as hangs or odd numbers mid-run."""
+    n, src = train_ds.n_rows, train_ds.source or "the synthetic training set"
+    if n < ranks:
+        raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
+    if cfg.train.batch_size > n:
+        raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the {n} "
+                          f"training rows of {src}")
+
+
+def _progress(what: str, active: bool, every_s: float = 10.0) -> Callable[[int, int], None]:
+    """A progress callback (done, total) that prints at most every `every_s` seconds."""
+    last = [time.perf_counter()]
+
+    def say(done: int, total: int) -> None:
+        if active and (time.perf_counter() - last[0] >= every_s or done == total) and total > 100_000:
+            last[0] = time.perf_counter()
+            print(f"{what}: {done:,} of {total:,} rows\n", end="", flush=True)
+    return say
