@@ -395,7 +395,7 @@ class Checkpointer:
             raise ConfigError(f"{manifest['path']}: {e}") from None
         if algo.resized:
             n = manifest["ranks"]
-            own = ("" if not (algo.slots_differ or algo.replicas_differ) else
+            own = ("" if not (algo.optimizer_differs_by_rank or algo.model_differs_by_rank) else
                    f"; rank r takes the per-rank state (optimizer, sma replica) of old rank r mod {n}")
             self.say(f"warning: checkpoint written by {n} ranks, resuming on {algo.cluster.size}: "
                      f"per-rank batch sizes, shares and totals restart{own}")

@@ -121,9 +121,9 @@ class Trainer:
     """The loop over rounds, with evaluation, checkpoints and the run's records around it."""
 
     def __init__(self, cfg: Config, algo, test_ds: Dataset, log: RunLog, ckpt: Checkpointer,
-                 at: Position):
+                 position: Position):
         self.cfg, self.algo, self.cluster = cfg, algo, algo.cluster
-        self.test_ds, self.log, self.ckpt, self.at = test_ds, log, ckpt, at
+        self.test_ds, self.log, self.ckpt, self.position = test_ds, log, ckpt, position
         train_ds = algo.ctx.train
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
@@ -132,11 +132,11 @@ class Trainer:
     def loop(self) -> None:
         """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
         budget or the target; a final evaluation and checkpoint if the last round had none."""
-        cfg, at, log = self.cfg.train, self.at, self.log
+        cfg, pos, log = self.cfg.train, self.position, self.log
         fail_at, last_say = _failure_hook(self.cluster.rank), -1e9
         while True:
-            if at.rounds == fail_at:
-                _inject_failure(self.algo, at.rounds)
+            if pos.rounds == fail_at:
+                _inject_failure(self.algo, pos.rounds)
             t0 = time.perf_counter()
             stats = self.algo.run_round()
             if stats is None:
@@ -144,53 +144,53 @@ class Trainer:
             ranks, loss = self.account(stats, time.perf_counter() - t0)
             if time.perf_counter() - last_say >= cfg.log_every_s:
                 last_say = time.perf_counter()
-                log.say(f"train epoch {stats.epoch:6.2f} | {at.wall:7.1f} s | loss {loss:.4f} | "
-                        f"{at.samples / max(at.wall, 1e-9):8.0f} rows/s | batch "
+                log.say(f"train epoch {stats.epoch:6.2f} | {pos.wall:7.1f} s | loss {loss:.4f} | "
+                        f"{pos.samples / max(pos.wall, 1e-9):8.0f} rows/s | batch "
                         + "/".join(str(r.batch_size) for r in ranks))
-            out_of_time = cfg.time_budget_s is not None and at.wall >= cfg.time_budget_s
-            if itstime(stats.epoch, cfg.eval_every, at.last_progress) and not out_of_time:
+            out_of_time = cfg.time_budget_s is not None and pos.wall >= cfg.time_budget_s
+            if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
                 self.evaluate(stats.epoch)
-            at.last_progress = stats.epoch
-            if self.ckpt.due(at.rounds):
+            pos.last_progress = stats.epoch
+            if self.ckpt.due(pos.rounds):
                 self.save()
             if out_of_time:
                 log.say(f"time budget of {cfg.time_budget_s} s reached")
                 break
             target = cfg.target_p_at_1
-            if target is not None and at.evals and at.evals[-1]["p_at_1"] >= target:
+            if target is not None and pos.evals and pos.evals[-1]["p_at_1"] >= target:
                 log.say(f"target P@1 {target} reached")
                 break
-        if not at.evals or at.evals[-1]["epoch"] != round(at.last_progress, 4):
-            self.evaluate(at.last_progress)
-        if self.ckpt.last_saved != at.rounds:  # the final state, so a longer run can continue from it
+        if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
+            self.evaluate(pos.last_progress)
+        if self.ckpt.last_saved != pos.rounds:  # the final state, so a longer run can continue from it
             self.save()
 
     def account(self, stats: RoundStats, seconds: float) -> tuple[list[RoundStats], float]:
         """Gathers every rank's RoundStats, adds them to the position, writes the round's
         record; returns the ranks' stats and the round's mean loss."""
-        at = self.at
+        pos = self.position
         info = allgather(self.cluster.comm, (stats, seconds))
-        at.wall += info[0][1]  # rank 0's clock is the run's clock
+        pos.wall += info[0][1]  # rank 0's clock is the run's clock
         ranks = [i[0] for i in info]
-        at.samples += sum(r.samples for r in ranks)
-        at.totals += [r.totals() for r in ranks]
+        pos.samples += sum(r.samples for r in ranks)
+        pos.totals += [r.totals() for r in ranks]
         loss = sum(r.loss_sum for r in ranks) / max(sum(r.samples for r in ranks), 1)
         if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {at.rounds}); "
+            raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {pos.rounds}); "
                                      "lower optim.lr or check the data")
-        self.log.record(event="round", round=at.rounds, epoch=round(stats.epoch, 4),
-                        wall_s=round(at.wall, 4), samples=int(at.samples), loss=round(loss, 5),
+        self.log.record(event="round", round=pos.rounds, epoch=round(stats.epoch, 4),
+                        wall_s=round(pos.wall, 4), samples=int(pos.samples), loss=round(loss, 5),
                         ranks=[r.record(i) for i, r in enumerate(ranks)])
-        at.rounds += 1
+        pos.rounds += 1
         return ranks, loss
 
     def evaluate(self, progress: float) -> None:
         """Evaluates the algorithm's model on the test set (every rank), records and says it."""
-        model, at = self.algo.eval_model(), self.at
+        model, pos = self.algo.eval_model(), self.position
         variables = model.variables_list
         if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
             raise FloatingPointError(
-                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {at.rounds}); "
+                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {pos.rounds}); "
                 "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
         if self.evaluator is None or self.evaluator.model is not model:
             self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
@@ -198,21 +198,21 @@ class Trainer:
         norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
         if hasattr(self.algo, "on_eval"):
             self.algo.on_eval(norm)
-        rec = dict(event="eval", wall_s=round(at.wall, 4), epoch=round(progress, 4),
-                   samples=int(at.samples), **{k: round(v, 5) for k, v in m.items()},
+        rec = dict(event="eval", wall_s=round(pos.wall, 4), epoch=round(progress, 4),
+                   samples=int(pos.samples), **{k: round(v, 5) for k, v in m.items()},
                    weight_norm=round(norm, 4))
-        at.evals.append(rec)
+        pos.evals.append(rec)
         self.log.record(**rec)
-        self.log.say(f"eval  epoch {progress:6.2f} | {at.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
+        self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
                      f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
                      f"| PSP@5 {m['psp_at_5']:.4f}")
 
     def save(self) -> None:
-        self.ckpt.save_training(self.algo, self.log, self.at.rounds, self.at.saved())
+        self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
 
     def finish(self, rates: list[float], base_p1: float) -> dict:
         """Writes summary.json (rank 0) and returns it; closes the run's files."""
-        at, cluster, log = self.at, self.cluster, self.log
+        pos, cluster, log = self.position, self.cluster, self.log
         summary = self.summary(rates, base_p1)
         # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
         summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(self.algo.model))
@@ -222,29 +222,29 @@ class Trainer:
             rec["peak_rss_mb"] = round(mb, 1)
         log.write_json("summary.json", summary)
         log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
-                f"P@5 {summary['final']['p_at_5']:.4f} after {at.wall:.1f} s of training "
+                f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "
                 f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
         log.close()
         return summary
 
     def summary(self, rates: list[float], base_p1: float) -> dict:
         """The run's summary.json, peak memory and fingerprints aside."""
-        at = self.at
+        pos = self.position
         per_rank = []
-        for i, t in enumerate(at.totals):
+        for i, t in enumerate(pos.totals):
             d = dict(zip(TOTALS, t.tolist()))
             per_rank.append({"rank": i, "samples": int(d["samples"]), "batches": int(d["batches"]),
                              **{k: round(d[k], 3) for k in TIMES},
-                             "busy_fraction": round(d["compute_s"] / max(at.wall, 1e-9), 4),
+                             "busy_fraction": round(d["compute_s"] / max(pos.wall, 1e-9), 4),
                              "standalone_rate": round(rates[i], 1)})
         return {
             "algorithm": self.cfg.train.algorithm, "ranks": self.cluster.size,
-            "train_wall_s": round(at.wall, 3),
-            "samples": int(at.samples), "rows_per_s": round(at.samples / max(at.wall, 1e-9), 1),
+            "train_wall_s": round(pos.wall, 3),
+            "samples": int(pos.samples), "rows_per_s": round(pos.samples / max(pos.wall, 1e-9), 1),
             # Samples per second achieved over what the ranks could do alone, added up.
-            "efficiency": round(at.samples / max(at.wall, 1e-9) / max(sum(rates), 1e-9), 4),
-            "baseline_p_at_1": base_p1, "final": {k: v for k, v in at.evals[-1].items() if k != "event"},
-            "best_p_at_1": max(e["p_at_1"] for e in at.evals), "per_rank": per_rank,
+            "efficiency": round(pos.samples / max(pos.wall, 1e-9) / max(sum(rates), 1e-9), 4),
+            "baseline_p_at_1": base_p1, "final": {k: v for k, v in pos.evals[-1].items() if k != "event"},
+            "best_p_at_1": max(e["p_at_1"] for e in pos.evals), "per_rank": per_rank,
             "algorithm_state": self.algo.state(),
         }
 

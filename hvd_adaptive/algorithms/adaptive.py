@@ -29,14 +29,13 @@ class Adaptive(Algorithm):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        a = self.cfg.adaptive
-        self.a = a
+        a = self.adaptive_cfg = self.cfg.adaptive
         self.b_max = a.b_max or self.cfg.train.batch_size
         self.b_min = min(a.b_min, self.b_max)
         n = self.cluster.size
         self.sizes = np.full(n, a.b_warm if a.warmup_epochs > 0 else self.b_max, np.int64)
         self.warm = a.warmup_epochs > 0
-        self.p = np.full(n, 1.0 / n)
+        self.shares = np.full(n, 1.0 / n)  # p_i: each rank's part of the last window (batches or rows)
         self.weights = np.full(n, 1.0 / n)
         self.speed = np.ones(n)  # rows/s per rank, smoothed (static scheduler)
         self.boost = False
@@ -61,7 +60,7 @@ class Adaptive(Algorithm):
         # Replicas are equal now, so a merge is a no-op that pays Horovod's first-use cost
         # before the clock starts.
         self.merge(1.0 / self.cluster.size)
-        if self.a.merge_momentum > 0:
+        if self.adaptive_cfg.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)
 
@@ -84,14 +83,14 @@ class Adaptive(Algorithm):
                 yield w.perm[w.start + lo + a: w.start + lo + z]
 
     def _lr(self, epoch: float, b: int) -> float:
-        cfg = self.cfg
+        a, lr = self.adaptive_cfg, self.cfg.optim.lr
         if self.warm:
-            return balance.warmup_lr(cfg.optim.lr, self.a.b_warm, self.b_max, epoch, self.a.warmup_epochs)
-        b = b if self.a.lr_scaling == "linear" else self.b_max
-        return balance.adaptive_lr(cfg.optim.lr, b, self.b_max, epoch, self.a.warmup_epochs, self.a.lr_decay)
+            return balance.warmup_lr(lr, a.b_warm, self.b_max, epoch, a.warmup_epochs)
+        b = b if a.lr_scaling == "linear" else self.b_max
+        return balance.adaptive_lr(lr, b, self.b_max, epoch, a.warmup_epochs, a.lr_decay)
 
     def train_window(self, w: Window) -> RoundStats:
-        r, comm = self.cluster.rank, self.cluster.comm
+        r, comm, a = self.cluster.rank, self.cluster.comm, self.adaptive_cfg
         b = int(self.sizes[r])
         epoch_now = w.epoch + w.start / w.n_rows
         self.opt.lr.assign(self._lr(epoch_now, b))
@@ -106,22 +105,22 @@ class Adaptive(Algorithm):
             # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
             info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
         with stats.timed("comm_s"):
-            self.p = balance.batch_shares(info[:, 0] if self.a.weights == "batches" else info[:, 1])
-            self.weights = balance.merge_weights(self.p, self.boost, self.a.norm_factor)
+            self.shares = balance.batch_shares(info[:, 0] if a.weights == "batches" else info[:, 1])
+            self.weights = balance.merge_weights(self.shares, self.boost, a.norm_factor)
             # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
             self.merge(float(self.weights[r]))
-            if self.a.merge_momentum > 0:
+            if a.merge_momentum > 0:
                 self._block_momentum()
         stats.note_merge(self.merge)
         stats.weight = float(self.weights[r])
-        stats.extra["share"] = float(self.p[r])
+        stats.extra["share"] = float(self.shares[r])
         rate = info[:, 1] / np.maximum(info[:, 2], 1e-9)
         self.speed = rate if w.index == 0 else 0.5 * self.speed + 0.5 * rate
         self._rescale(w.progress)
         return stats
 
     def _block_momentum(self) -> None:
-        mu = self.a.merge_momentum
+        mu = self.adaptive_cfg.merge_momentum
         for x, v, vel in zip(self.anchor, self.variables, self.velocity):
             vel.assign(mu * vel + (v - x))
             x.assign_add(vel)
@@ -129,34 +128,36 @@ class Adaptive(Algorithm):
 
     def _rescale(self, epoch: float) -> None:
         """Batch-size scaling after the window (identical on every rank: same inputs)."""
+        a = self.adaptive_cfg
         if self.warm:
-            if epoch >= self.a.warmup_epochs:
+            if epoch >= a.warmup_epochs:
                 self.warm = False
                 self.sizes[:] = self.b_max
             return
-        if self.a.policy == "additive":
-            self.sizes = balance.additive_batch_sizes(self.sizes, self.p, self.a.step, self.b_min, self.b_max)
+        if a.policy == "additive":
+            self.sizes = balance.additive_batch_sizes(self.sizes, self.shares, a.step, self.b_min, self.b_max)
         else:
-            self.sizes = balance.proportional_batch_sizes(self.sizes, self.p, self.b_min, self.b_max,
-                                                          self.a.smoothing)
+            self.sizes = balance.proportional_batch_sizes(self.sizes, self.shares, self.b_min, self.b_max,
+                                                          a.smoothing)
 
     def on_eval(self, norm: float) -> None:
         """Adaptive normalization follows the model's L2-norm trend between evaluations."""
-        self.boost = balance.norm_trend_flag(self.a.norm_mode, self.prev_norm, norm)
+        self.boost = balance.norm_trend_flag(self.adaptive_cfg.norm_mode, self.prev_norm, norm)
         self.prev_norm = norm
 
     def state(self) -> dict:
-        return {"batch_sizes": self.sizes.tolist(), "shares": self.p.tolist(),
+        return {"batch_sizes": self.sizes.tolist(), "shares": self.shares.tolist(),
                 "weights": self.weights.tolist(), "warmup": self.warm}
 
     def state_dict(self) -> dict:
         # Batch sizes, shares and weights come from the allgathered timings and the block
         # momentum buffers from the merged model: identical on every rank.
-        d = {**super().state_dict(), "adaptive.sizes": self.sizes.copy(), "adaptive.p": self.p.copy(),
+        d = {**super().state_dict(), "adaptive.sizes": self.sizes.copy(),
+             "adaptive.p": self.shares.copy(),  # "p": the checkpoint key predates the name
              "adaptive.weights": self.weights.copy(), "adaptive.speed": self.speed.copy(),
              "adaptive.warm": bool(self.warm),
              "adaptive.boost": bool(self.boost), "adaptive.prev_norm": self.prev_norm}
-        if self.a.merge_momentum > 0:
+        if self.adaptive_cfg.merge_momentum > 0:
             d.update({f"adaptive.anchor.{i}": x.numpy() for i, x in enumerate(self.anchor)})
             d.update({f"adaptive.velocity.{i}": v.numpy() for i, v in enumerate(self.velocity)})
         return d
@@ -166,14 +167,14 @@ class Adaptive(Algorithm):
         n = self.cluster.size
         self.warm = bool(d["adaptive.warm"])
         # Another rank count: every rank restarts from the common batch size, equal shares.
-        start = self.a.b_warm if self.warm else self.b_max
+        start = self.adaptive_cfg.b_warm if self.warm else self.b_max
         self.sizes = self.per_rank(d, "adaptive.sizes", np.full(n, start, np.int64))
-        self.p = self.per_rank(d, "adaptive.p", np.full(n, 1.0 / n))
+        self.shares = self.per_rank(d, "adaptive.p", np.full(n, 1.0 / n))
         self.weights = self.per_rank(d, "adaptive.weights", np.full(n, 1.0 / n))
         self.speed = self.per_rank(d, "adaptive.speed", np.ones(n))
         self.merge.reset_anchor()  # the checkpoint is taken right after a merge
         self.boost, self.prev_norm = bool(d["adaptive.boost"]), d["adaptive.prev_norm"]
-        if self.a.merge_momentum > 0:
+        if self.adaptive_cfg.merge_momentum > 0:
             for i, (x, v) in enumerate(zip(self.anchor, self.velocity)):
                 x.assign(d[f"adaptive.anchor.{i}"])
                 v.assign(d[f"adaptive.velocity.{i}"])

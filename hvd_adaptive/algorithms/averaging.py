@@ -67,7 +67,7 @@ class LocalSGD(_Averaging):
 
 class SMA(_Averaging):
     name = "sma"
-    replicas_differ = True  # replicas only move toward the central model, never onto it
+    model_differs_by_rank = True  # replicas only move toward the central model, never onto it
 
     def __init__(self, ctx):
         super().__init__(ctx)

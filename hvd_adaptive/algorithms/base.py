@@ -116,9 +116,11 @@ class RoundStats:
             setattr(self, what, getattr(self, what) + time.perf_counter() - t0)
 
     def note_merge(self, merge) -> None:
-        """Records the bytes a rank put into the round's merge (a merge.Merge), and a dense one's."""
+        """Records the bytes a rank put into the round's merge (a merge.Merge), a dense one's,
+        and how many allreduces (pieces) carried them."""
         self.extra["merge_mb"] = merge.last_bytes / 2**20
         self.extra["merge_full_mb"] = merge.dense_bytes / 2**20
+        self.extra["merge_pieces"] = merge.last_pieces
 
     def close(self, total_s: float, slowdown_s: float) -> None:
         """Ends the round: wait_s is the part of its `total_s` that no other field accounts
@@ -145,8 +147,8 @@ class Algorithm:
     name = "base"
     # Whether these can differ between ranks at the end of a round. Parts that can are
     # checkpointed once per rank (keys "rank.*"); the rest once, from rank 0.
-    replicas_differ = False  # sma keeps its replicas apart from the central model
-    slots_differ = True      # only sync applies the same (summed) update on every rank
+    model_differs_by_rank = False     # sma keeps its replicas apart from the central model
+    optimizer_differs_by_rank = True  # only sync applies the same (summed) update on every rank
 
     def __init__(self, ctx: Context):
         self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
@@ -292,7 +294,8 @@ class Algorithm:
         opt["opt.lr"] = float(self.opt.lr.numpy())
         d = {"algorithm": self.name, "ranks": self.cluster.size, "windows": self.windows_done,
              "rank.rng": self.hetero.state()["rng"]}
-        for part, differs in ((model, self.replicas_differ), (opt, self.slots_differ)):
+        for part, differs in ((model, self.model_differs_by_rank),
+                              (opt, self.optimizer_differs_by_rank)):
             d.update({("rank." + k if differs else k): v for k, v in part.items()})
         return d
 
@@ -306,8 +309,8 @@ class Algorithm:
             raise ValueError(f"checkpoint was written by train.algorithm={d['algorithm']}, "
                              f"this run uses {self.name}")
         self.resized = d["ranks"] != self.cluster.size
-        pre_m = "rank." if self.replicas_differ else ""
-        pre_o = "rank." if self.slots_differ else ""
+        pre_m = "rank." if self.model_differs_by_rank else ""
+        pre_o = "rank." if self.optimizer_differs_by_rank else ""
         for i, v in enumerate(self.variables):
             _assign(v, d, f"{pre_m}model.{i}")
         for i, v in enumerate(self.opt.slot_variables()):

@@ -201,11 +201,11 @@ class Hogbatch(Algorithm):
             # a caller that did not cannot change them any more.
             print(f"[rank {cluster.rank}] warning: hogbatch.cpu_threads={want} is not applied: "
                   f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)
-        self.h = h
+        self.hogbatch_cfg = h
         self.round_rows = max(1, int(round((h.round_epochs or cfg.train.eval_every) * ctx.train.n_rows)))
         self.shared = SharedModel(cluster.comm, [tuple(v.shape) for v in self.variables], cluster.size)
         self.counter = SharedCounter(cluster.comm)
-        self.mine = self.shared.table[cluster.rank]
+        self.own_row = self.shared.table[cluster.rank]  # the table row only this rank writes
         self.round = 0
         self._round_start_updates = np.zeros(cluster.size)
         self._period = [0, 0.0]  # updates and seconds since the rate was last published
@@ -247,7 +247,7 @@ class Hogbatch(Algorithm):
         # Every update uses optim.lr whatever its batch: scaling it with the batch (sqrt or
         # linear) did not learn faster in our runs (docs/hogbatch.md).
         self.b = b
-        self.mine[BATCH] = b
+        self.own_row[BATCH] = b
 
     def trace(self) -> None:
         """Traces, then runs pull and push once (their first run optimizes the graph, about a
@@ -282,25 +282,25 @@ class Hogbatch(Algorithm):
             for a, d in zip(dense_s, deltas):
                 np.add(a, d.numpy(), out=a)
         else:
-            self.mine[SKIPPED] += 1
+            self.own_row[SKIPPED] += 1
         t4 = time.perf_counter()
         stats.batch_s += t1 - t0
         stats.comm_s += (t2 - t1) + (t4 - t3)
         stats.add_step(len(rows), float(loss), dt)
-        m = self.mine
-        m[UPDATES] += 1
-        m[SAMPLES] += len(rows)
-        m[BUSY_S] += t4 - t0
+        row = self.own_row
+        row[UPDATES] += 1
+        row[SAMPLES] += len(rows)
+        row[BUSY_S] += t4 - t0
 
     def _after_update(self, seconds: float) -> None:
         """Publishes the update rate every adjust_every updates; adaptive resizes the batch."""
         self._period[0] += 1
         self._period[1] += seconds
-        if self._period[0] < self.h.adjust_every:
+        if self._period[0] < self.hogbatch_cfg.adjust_every:
             return
-        m, table, me = self.mine, self.shared.table, self.cluster.rank
-        m[RATE] = self._period[0] / max(self._period[1], 1e-9)
-        m[SEQ] += 1
+        row, table, me = self.own_row, self.shared.table, self.cluster.rank
+        row[RATE] = self._period[0] / max(self._period[1], 1e-9)
+        row[SEQ] += 1
         self._period = [0, 0.0]
         if not self.adaptive:
             return
@@ -310,8 +310,9 @@ class Hogbatch(Algorithm):
         # slow worker's stale rate with several resizes in a row.
         if np.all(seq[others] > self._seen[others]):
             self._seen = seq
-            b, self._adjusting = adapt_batch(self.b, table[:, RATE].copy(), me, self.h.threshold,
-                                             self.b_min, self.b_max, self._adjusting)
+            b, self._adjusting = adapt_batch(self.b, table[:, RATE].copy(), me,
+                                             self.hogbatch_cfg.threshold, self.b_min, self.b_max,
+                                             self._adjusting)
             if b != self.b:
                 self._set_batch(b)
 
@@ -351,11 +352,12 @@ class Hogbatch(Algorithm):
         stats.close(time.perf_counter() - t_round, self.hetero.injected_s - slept)
         stats.batch_size, stats.lr = self.b, float(self.opt.lr)
         updates = self.shared.table[:, UPDATES].copy()
-        shares, cpu_share = update_shares(updates - self._round_start_updates, self.h.cpu_ranks)
+        shares, cpu_share = update_shares(updates - self._round_start_updates,
+                                          self.hogbatch_cfg.cpu_ranks)
         self._round_start_updates = updates
         stats.extra.update(kind=self.kind, update_share=round(float(shares[self.cluster.rank]), 4),
                            cpu_update_share=None if cpu_share is None else round(cpu_share, 4),
-                           skipped_total=int(self.mine[SKIPPED]))
+                           skipped_total=int(self.own_row[SKIPPED]))
         return stats
 
     def eval_model(self) -> SparseMLP:
@@ -364,10 +366,10 @@ class Hogbatch(Algorithm):
 
     def state(self) -> dict:
         t = self.shared.table.copy()
-        shares, cpu_share = update_shares(t[:, UPDATES], self.h.cpu_ranks)
+        shares, cpu_share = update_shares(t[:, UPDATES], self.hogbatch_cfg.cpu_ranks)
         cols = (("batch_sizes", BATCH), ("updates", UPDATES), ("samples", SAMPLES),
                 ("skipped_nonfinite", SKIPPED))
-        return {"kinds": ["cpu" if r in self.h.cpu_ranks else "gpu" for r in range(len(t))],
+        return {"kinds": ["cpu" if r in self.hogbatch_cfg.cpu_ranks else "gpu" for r in range(len(t))],
                 **{k: t[:, c].astype(int).tolist() for k, c in cols},
                 "busy_s": np.round(t[:, BUSY_S], 3).tolist(),
                 "update_rates": np.round(t[:, RATE], 3).tolist(),
@@ -388,7 +390,7 @@ class Hogbatch(Algorithm):
         if self.shared.node.Get_rank() == 0:
             self.shared.table[...] = table
         self.shared.fence()
-        self._set_batch(self.b if self.resized else int(self.mine[BATCH]))
+        self._set_batch(self.b if self.resized else int(self.own_row[BATCH]))
         self._round_start_updates = self.shared.table[:, UPDATES].copy()
 
 

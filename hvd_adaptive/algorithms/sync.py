@@ -27,7 +27,7 @@ from hvd_adaptive.model import BATCH_SIGNATURE
 
 class Sync(Algorithm):
     name = "sync"
-    slots_differ = False  # every rank applies the same summed update
+    optimizer_differs_by_rank = False  # every rank applies the same summed update
 
     def __init__(self, ctx):
         super().__init__(ctx)

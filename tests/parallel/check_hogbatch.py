@@ -86,13 +86,13 @@ def raw_increments(c, rounds: int = 20, updates: int = 150) -> None:
 
 def nan_guard(c, algo) -> None:
     before = [a.copy() for a in algo.shared.params]
-    skipped = float(algo.mine[SKIPPED])
+    skipped = float(algo.own_row[SKIPPED])
     algo.opt.lr.assign(float("nan"))
     algo._update(np.arange(c.rank * 16, c.rank * 16 + 16), RoundStats(epoch=0.0, batch_size=16))
     algo.shared.fence()
     for a, x in zip(algo.shared.params, before):
         np.testing.assert_array_equal(a, x)
-    assert algo.mine[SKIPPED] == skipped + 1
+    assert algo.own_row[SKIPPED] == skipped + 1
 
 
 def main() -> int:
