@@ -159,50 +159,6 @@ def allreduce_sum_np(comm, arr: np.ndarray) -> np.ndarray:
     return out
 
 
-class WeightedAllreduce:
-    """theta <- sum_i w_i theta_i / sum_i w_i over ranks, in one fused Horovod call.
-
-    Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"),
-    so each rank multiplies its variables by its own normalized weight w_i / sum w locally (the
-    sum is known to every rank after the timing allgather) and all variables go through one
-    grouped_allreduce with op=Sum. That local multiply is one extra pass over the variables: the
-    merge measured 1.35x a plain allreduce of the same 19.1 M parameters (bench_merge).
-    """
-
-    def __init__(self, variables: Sequence):
-        import tensorflow as tf
-        import horovod.tensorflow as hvd
-
-        self.variables = list(variables)
-
-        @tf.function
-        def _merge(scale):
-            # One local multiply by w_i / sum w, one fused sum: the same passes over memory as a
-            # plain allreduce (no division pass afterwards).
-            scaled = [v * scale for v in self.variables]
-            summed = hvd.grouped_allreduce(scaled, op=hvd.Sum, name="weighted_merge")
-            for v, s in zip(self.variables, summed):
-                v.assign(s)
-
-        @tf.function
-        def _plain():
-            summed = hvd.grouped_allreduce([tf.identity(v) for v in self.variables], op=hvd.Sum,
-                                           name="plain_merge")
-            for v, s in zip(self.variables, summed):
-                v.assign(s)
-
-        self._merge, self._plain = _merge, _plain
-
-    def __call__(self, weight: float, total: float) -> None:
-        import tensorflow as tf
-
-        self._merge(tf.constant(weight / total, tf.float32))
-
-    def plain_sum(self) -> None:
-        """A plain Horovod allreduce of the same tensors (the benchmark's reference)."""
-        self._plain()
-
-
 class SharedCounter:
     """A counter on rank 0 that every rank advances atomically (MPI one-sided Fetch_and_op).
 

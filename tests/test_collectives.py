@@ -1,11 +1,11 @@
-"""The weighted allreduce and the shared counter on 2 and 3 real MPI ranks."""
+"""The dense weighted merge and the shared counter on 2 and 3 real MPI ranks."""
 import pytest
 
 from mpirun import mpirun
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_weighted_allreduce_and_counter(ranks):
+def test_weighted_merge_and_counter(ranks):
     p = mpirun(ranks, ["tests/parallel/check_collectives.py"], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"collectives ok on {ranks} ranks" in p.stdout

@@ -1,43 +1,55 @@
-"""Run under mpirun: checks the weighted allreduce and the shared counter on real ranks.
+"""Run under mpirun: checks the dense weighted merge and the shared counter on real ranks.
 
-Every rank can rebuild every other rank's variables from the seeds, so each rank checks the
-merged result against numpy's weighted average by itself. Exit code 0 means all checks held.
+Every rank can rebuild every other rank's replica from the seeds, so each rank checks the
+merged result against numpy's weighted average by itself. The merge is merge.Merge with
+merge.sparse off and no row normalization: sum_i w_i theta_i in one fused allreduce (the row
+rules and the sparse merge are checked in real runs by check_merge.py).
+Exit code 0 means all checks held.
 """
 import sys
 
 import numpy as np
 
 from hvd_adaptive import distributed
+from hvd_adaptive.config import MergeConfig, ModelConfig
+
+N_FEATURES, N_LABELS = 50, 3
 
 
-def replica(rank: int):
+def replica(rank: int, shapes: list[tuple]) -> list[np.ndarray]:
+    """Rank `rank`'s values; in the input layer only a few rows differ from zero, as if each
+    rank had trained a few different rows since the last merge."""
     rng = np.random.default_rng(100 + rank)
-    dense = rng.normal(size=(7, 5)).astype(np.float32)
-    # row-sparse: an input layer where each rank touched a few different rows since the merge
-    sparse = np.zeros((50, 4), np.float32)
-    rows = rng.choice(50, size=6, replace=False)
-    sparse[rows] = rng.normal(size=(6, 4))
-    bias = rng.normal(size=3).astype(np.float32)
-    return [dense, sparse, bias]
+    out = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    sparse = np.zeros(shapes[0], np.float32)
+    rows = rng.choice(shapes[0][0], size=6, replace=False)
+    sparse[rows] = out[0][rows]
+    return [sparse, *out[1:]]
 
 
 def main() -> int:
-    import tensorflow as tf
-
     c = distributed.init(threads=1)
+    from hvd_adaptive.merge import Merge
+    from hvd_adaptive.model import SparseMLP
+
     n, r = c.size, c.rank
+    model = SparseMLP(N_FEATURES, N_LABELS, ModelConfig(hidden=[4]))
+    variables = model.variables_list
+    shapes = [tuple(v.shape) for v in variables]
+    for v, a in zip(variables, replica(r, shapes)):
+        v.assign(a)
     weights = np.array([1.0 + 2.0 * i for i in range(n)])  # unequal on purpose
-    variables = [tf.Variable(a) for a in replica(r)]
-    merge = distributed.WeightedAllreduce(variables)
-    merge(float(weights[r]), float(weights.sum()))
-    reps = [replica(i) for i in range(n)]
-    for j, v in enumerate(variables):
-        want = sum(weights[i] * reps[i][j].astype(np.float64) for i in range(n)) / weights.sum()
+    weights /= weights.sum()  # the merge's weights sum to 1 over ranks
+    merge = Merge(model, None, MergeConfig(sparse=False), False, c.comm)
+    merge(float(weights[r]))
+    reps = [replica(i, shapes) for i in range(n)]
+    mean = [sum(weights[i] * reps[i][j].astype(np.float64) for i in range(n)) for j in range(len(shapes))]
+    for v, want in zip(variables, mean):
         np.testing.assert_allclose(v.numpy(), want, rtol=1e-5, atol=1e-6)
-    merge.plain_sum()
-    for j, v in enumerate(variables):
-        want = n * sum(weights[i] * reps[i][j].astype(np.float64) for i in range(n)) / weights.sum()
-        np.testing.assert_allclose(v.numpy(), want, rtol=1e-5, atol=1e-5)
+    # Weight 1 on every rank: the plain sum of the (now equal) replicas.
+    merge(1.0)
+    for v, want in zip(variables, mean):
+        np.testing.assert_allclose(v.numpy(), n * want, rtol=1e-5, atol=1e-5)
 
     # Shared counter: over several windows every offset is handed out exactly once.
     counter = distributed.SharedCounter(c.comm)
