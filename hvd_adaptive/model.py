@@ -49,7 +49,8 @@ class SparseMLP(tf.Module):
     so every rank builds the same model; the algorithms still broadcast rank 0's variables.
 
     `touched` holds two masks, over features and over labels, that training steps mark (the
-    rows their gradient reaches); the sparse merge reads and clears them.
+    rows their gradient reaches); the sparse merge reads them, and every window's start clears
+    them (Algorithm.run_round).
     """
 
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
