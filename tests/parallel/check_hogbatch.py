@@ -13,13 +13,12 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import algorithms, distributed
+from hvd_adaptive import distributed
 from hvd_adaptive.algorithms.base import RoundStats
 from hvd_adaptive.algorithms.hogbatch import SKIPPED, SharedModel
 from hvd_adaptive.config import load_config
 from hvd_adaptive.data import load_data
-from hvd_adaptive.hetero import Heterogeneity
-from hvd_adaptive.model import Optimizer, SparseMLP
+from real_algorithm import build
 
 EPOCHS = 3
 
@@ -34,11 +33,7 @@ def real_workers(c) -> object:
         "train.algorithm=hogbatch", f"train.epochs={EPOCHS}", "train.batch_size=16",
         "hogbatch.round_epochs=0.25", "optim.lr=2.0"])
     train_ds, _ = load_data(cfg, c)
-    model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model)
-    algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim),
-                                               train_ds, Heterogeneity(cfg.hetero, c.rank)))
-    algo.setup()
-    algo.trace()
+    algo = build(cfg, c, train_ds)
     rounds = samples = 0
     while (stats := algo.run_round()) is not None:
         rounds += 1

@@ -29,11 +29,9 @@ def main() -> int:
     expect = sys.argv[1]
     c = distributed.init()  # default threads: this node's cores / ranks on this node
     import tensorflow as tf
-    from hvd_adaptive import algorithms
     from hvd_adaptive.algorithms import base
-    from hvd_adaptive.hetero import Heterogeneity
-    from hvd_adaptive.model import Optimizer, SparseMLP
     from hvd_adaptive.data import load_data
+    from real_algorithm import RowSpy, build
 
     me = dict(rank=c.rank, host=socket.gethostname(), local_rank=c.local_rank,
               local_size=c.local_size, threads=c.threads, device=c.device,
@@ -52,15 +50,7 @@ def main() -> int:
                 assert r["local_size"] == len(ranks), (host, r)
                 assert r["threads"] == max(1, r["cores"] // len(ranks)), (host, r)
 
-    used, recording = [], [False]
-    real = base.make_batch
-
-    def spy(ds, rows):
-        if recording[0]:
-            used.append(np.array(rows))
-        return real(ds, rows)
-
-    base.make_batch = spy
+    spy = RowSpy(base)
     results = {}
     for name in ("sync", "adaptive"):
         cfg, _ = load_config("configs/tiny.yaml", [
@@ -68,21 +58,16 @@ def main() -> int:
             "adaptive.warmup_epochs=0"])
         train, _ = load_data(cfg, c)
         with tf.device(c.device):
-            model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-            algo = algorithms.build(algorithms.Context(
-                cfg, c, model, Optimizer(model.variables_list, cfg.optim), train,
-                Heterogeneity(cfg.hetero, c.rank)))
-            algo.setup()
-            algo.trace()
-            used.clear()
-            recording[0] = True
+            algo = build(cfg, c, train)
+            spy.used.clear()
+            spy.recording = True
             losses = []
             while (stats := algo.run_round()) is not None:
                 s = np.array(c.comm.allgather((stats.loss_sum, stats.samples))).sum(axis=0)
                 losses.append(s[0] / max(s[1], 1))
-            recording[0] = False
-        rows = c.comm.gather(np.concatenate(used), root=0)
-        fingerprint = [float(tf.reduce_sum(v)) + float(tf.reduce_sum(v * v)) for v in model.variables_list]
+            spy.recording = False
+        rows = c.comm.gather(np.concatenate(spy.used), root=0)
+        fingerprint = [float(tf.reduce_sum(v)) + float(tf.reduce_sum(v * v)) for v in algo.model.variables_list]
         fps = c.comm.gather(fingerprint, root=0)
         scheduler = "dynamic" if getattr(algo, "counter", None) is not None else "fallback"
         if c.is_root:
@@ -104,9 +89,7 @@ def main() -> int:
     cfg, _ = load_config("configs/tiny.yaml", ["train.algorithm=hogbatch"])
     try:
         with tf.device(c.device):
-            model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-            algorithms.build(algorithms.Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim),
-                                                train, Heterogeneity(cfg.hetero, c.rank)))
+            build(cfg, c, train, ready=False)
         raise AssertionError("hogbatch accepted ranks on several nodes")
     except RuntimeError as e:
         assert "train.algorithm=adaptive" in str(e), e

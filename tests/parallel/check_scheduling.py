@@ -24,37 +24,22 @@ def main() -> int:
         "hogbatch.round_epochs=0.25"])
     c = distributed.init(threads=1)
     import tensorflow as tf
-    from hvd_adaptive import algorithms
     from hvd_adaptive.algorithms import base, hogbatch
-    from hvd_adaptive.hetero import Heterogeneity
-    from hvd_adaptive.model import Optimizer, SparseMLP
     from hvd_adaptive.data import load_data
+    from real_algorithm import RowSpy, build
 
-    used, recording = [], [False]
-    real = base.make_batch
-
-    def spy(ds, rows):
-        if recording[0]:
-            used.append(np.array(rows))
-        return real(ds, rows)
-
-    base.make_batch = hogbatch.make_batch = spy
+    spy = RowSpy(base, hogbatch)
     train, _ = load_data(cfg, c)
     with tf.device(c.device):
-        model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-        algo = algorithms.build(algorithms.Context(
-            cfg, c, model, Optimizer(model.variables_list, cfg.optim), train,
-            Heterogeneity(cfg.hetero, c.rank)))
-        algo.setup()
-        algo.trace()
+        algo = build(cfg, c, train)
         c.comm.Barrier()  # as the trainer's calibration allgather: start the clock together
-        recording[0] = True
+        spy.recording = True
         windows = []
         while (stats := algo.run_round()) is not None:
             windows.append(c.comm.allgather(stats.batches))
-        recording[0] = False
-    everyone = c.comm.gather(np.concatenate(used), root=0)
-    smallest = c.comm.gather(min(len(u) for u in used), root=0)
+        spy.recording = False
+    everyone = c.comm.gather(np.concatenate(spy.used), root=0)
+    smallest = c.comm.gather(min(len(u) for u in spy.used), root=0)
     if c.is_root:
         rows = np.sort(np.concatenate(everyone))
         assert np.array_equal(rows, np.arange(train.n_rows)), \

@@ -24,22 +24,16 @@ def main() -> int:
         "hetero.slowdown={1: 3.0}", "optim.name=sgd", "optim.lr=0.5"])
     c = distributed.init(threads=1)
     import tensorflow as tf
-    from hvd_adaptive.algorithms import Context
     from hvd_adaptive.algorithms.base import chunks
-    from hvd_adaptive.algorithms.sync import Sync
-    from hvd_adaptive.data import epoch_permutation, make_batch
-    from hvd_adaptive.hetero import Heterogeneity
+    from hvd_adaptive.data import epoch_permutation, load_data, make_batch
+    from hvd_adaptive.evaluation import Evaluator
     from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums
     from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
-    from hvd_adaptive.evaluation import Evaluator
-    from hvd_adaptive.data import load_data
+    from real_algorithm import build
 
     train, test = load_data(cfg, c)
-    model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-    algo = Sync(Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim), train,
-                        Heterogeneity(cfg.hetero, c.rank)))
-    algo.setup()
-    algo.trace()
+    algo = build(cfg, c, train)  # Sync: train.algorithm=sync
+    model = algo.model
     splits = []
     while (stats := algo.run_round()) is not None:
         splits.append(c.comm.allgather(stats.samples))

@@ -1,0 +1,45 @@
+"""Shared by the checks that drive a real algorithm under mpirun: build it, spy on its batches.
+
+The checks import this module by name: their own folder is first on sys.path when mpirun
+starts `python tests/parallel/check_*.py`.
+"""
+import numpy as np
+
+from hvd_adaptive import algorithms
+from hvd_adaptive.hetero import Heterogeneity
+from hvd_adaptive.model import Optimizer, SparseMLP
+
+
+def build(cfg, c, train, ready: bool = True):
+    """The configured algorithm on a fresh model, as the trainer builds it.
+
+    Args:
+        cfg: The run's config (train.algorithm names the algorithm).
+        c: This rank's distributed.Cluster.
+        train: The training set (data.load_data).
+        ready: Also set it up and trace its steps (the trainer's order), else only construct.
+    """
+    model = SparseMLP(train.n_features, train.n_labels, cfg.model)
+    algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim),
+                                               train, Heterogeneity(cfg.hetero, c.rank)))
+    if ready:
+        algo.setup()
+        algo.trace()
+    return algo
+
+
+class RowSpy:
+    """Stands in for `make_batch` in the given modules and records the rows of every batch
+    built while `recording` is true (in `used`, one array per batch)."""
+
+    def __init__(self, *modules):
+        self.real = modules[0].make_batch
+        self.used: list[np.ndarray] = []
+        self.recording = False
+        for m in modules:
+            m.make_batch = self
+
+    def __call__(self, ds, rows):
+        if self.recording:
+            self.used.append(np.array(rows))
+        return self.real(ds, rows)
