@@ -94,6 +94,59 @@ def test_checkpointer_refuses_a_non_finite_model(tmp_path):
     assert ck.find_latest(tmp_path / "checkpoints")[0].name == "ckpt-1"
 
 
+class FakeAlgo:
+    """What Checkpointer.save_training and restore use of an Algorithm."""
+
+    def __init__(self, seed=5, rows=100):
+        from types import SimpleNamespace as NS
+
+        self.cfg = NS(train=NS(seed=seed, window_samples=64))
+        self.ctx = NS(train=NS(n_rows=rows))
+        self.cluster = NS(size=1)
+        self.resized, self.model_differs_by_rank, self.optimizer_differs_by_rank = False, False, True
+        self.loaded = None
+
+    def state_dict(self):
+        return {"algorithm": "fake", "model.0": np.ones((2, 2), np.float32)}
+
+    def load_state_dict(self, d):
+        self.loaded = d
+
+
+class FakeLog:
+    def __init__(self, size):
+        self.bytes, self.cut = size, None
+
+    def size(self):
+        return self.bytes
+
+    def truncate(self, size):
+        self.cut = size
+
+
+def test_training_checkpoint_keeps_the_loops_keys_and_refuses_another_stream(tmp_path):
+    from hvd_adaptive.config import CheckpointConfig, ConfigError
+
+    loop = {"wall": 1.5, "samples": 640.0, "totals": np.ones((1, 7)), "evals": [{"p_at_1": 0.3}],
+            "last_progress": 0.64}
+    saver = ck.Checkpointer(tmp_path, CheckpointConfig(), OneRank(), say=print)
+    saver.save_training(FakeAlgo(), FakeLog(123), 10, loop)
+    state, _ = ck.load(tmp_path / "checkpoints" / "ckpt-10")
+    # The format resumed runs rely on: the algorithm's keys plus the loop's under "trainer.".
+    assert sorted(k for k in state if k.startswith("trainer.")) == sorted(
+        ["trainer.round", "trainer.stream", "trainer.metrics_bytes", *(f"trainer.{k}" for k in loop)])
+    assert state["trainer.stream"] == [5, 64, 100] and state["trainer.metrics_bytes"] == 123
+
+    algo, log = FakeAlgo(), FakeLog(999)
+    cfg = CheckpointConfig(resume="auto")
+    back = ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(algo, log)
+    assert back["round"] == 10 and back["wall"] == 1.5 and back["evals"] == loop["evals"]
+    np.testing.assert_array_equal(back["totals"], loop["totals"])
+    assert algo.loaded["algorithm"] == "fake" and log.cut == 123  # metrics.jsonl cut back
+    with pytest.raises(ConfigError, match="train.seed, train.window_samples"):
+        ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(seed=6), FakeLog(0))
+
+
 # ---- real ranks ------------------------------------------------------------------------------
 SETS = ("checkpoint.every=8",)
 
