@@ -256,8 +256,14 @@ class MergeConfig:
     """Wire type of the merge: float16 sends each rank's weighted change since the last merge in
     16 bits and adds the sum to a 32-bit copy of the merged model (one extra model copy)."""
 
+    chunk_mb: float = 256.0
+    """Sparse merge: the touched rows travel in pieces of at most this many MB a rank (one
+    allreduce each), so a merge's transient buffers stay bounded at large label or feature
+    counts; 0 sends them in one piece."""
+
     def validate(self, path: str) -> None:
-        pass
+        if self.chunk_mb < 0:
+            raise ConfigError(f"{path}.chunk_mb: must be >= 0 (0: one piece), got {self.chunk_mb}")
 
 
 @dataclass(frozen=True)

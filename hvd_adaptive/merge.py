@@ -14,7 +14,7 @@ Optimizer slots merged with the model (adaptive.opt_state: average) use the firs
 
 Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"), so
 each rank scales its own tensors by w_i locally and one fused grouped_allreduce (op=Sum) adds
-them up: one collective per merge, whatever the layers.
+them up: one collective per merge (per piece, below), whatever the layers.
 
 Sparse merge (merge.sparse): rows of the row-sparse layers that no rank touched since the last
 merge are identical on every rank, so only the union U of touched rows travels. Each rank marks
@@ -23,6 +23,8 @@ labels under the sampled loss); the union is agreed by one bitwise-or MPI allred
 packed masks (features / 8 + labels / 8 bytes a rank), then the rows U of every row-sparse
 variable (and of its optimizer slots) are gathered, merged and scattered back. The result equals
 the dense merge up to float rounding; the bytes moved follow |U| instead of the row count.
+The rows travel in pieces of at most merge.chunk_mb each (one allreduce a piece, the dense
+layers with the first): a merge's send and receive buffers then stay bounded whatever |U| is.
 
 float16 (merge.dtype): each rank sends w_i (theta_i - anchor) in 16 bits, where the anchor is
 the merged model of the previous merge kept in 32 bits on every rank; the summed change is added
@@ -40,7 +42,7 @@ from hvd_adaptive.model import SparseMLP
 
 
 class Merge:
-    """merged = the rule above, over all ranks, in one fused Horovod allreduce.
+    """merged = the rule above, over all ranks, in fused Horovod allreduces (one per piece).
 
     Args:
         model: this rank's replica; its `touched` masks say which rows it trained.
@@ -53,8 +55,6 @@ class Merge:
 
     def __init__(self, model: SparseMLP, slots: Optional[Sequence[Sequence[tf.Variable]]],
                  cfg: MergeConfig, row_norm: bool, comm):
-        import horovod.tensorflow as hvd
-
         self.model, self.cfg, self.row_norm, self.comm = model, cfg, row_norm, comm
         variables = model.variables_list
         masks = model.row_sparse
@@ -68,6 +68,24 @@ class Merge:
                        if cfg.dtype == "float16" else None)
         self.last_bytes = 0
         self.dense_bytes = sum(int(np.prod(v.shape)) * self.wire.size for v, _, _ in self.items)
+        # Bytes of one row of each mask's variables on the wire (pieces of a chunked merge).
+        self.row_bytes = {m: sum(int(np.prod(v.shape[1:])) for v, mm, _ in self.items if mm == m)
+                          * self.wire.size + (self.wire.size if any(n for _, mm, n in self.items
+                                                                     if mm == m) else 0)
+                          for m in self.used_masks}
+        self.last_pieces = 0
+        # The first piece carries the dense variables too; later pieces only rows.
+        self._merge_first = self._build(cfg.sparse, with_dense=True, name="weighted_merge")
+        self._merge_rows = (self._build(True, with_dense=False, name="weighted_merge_rows")
+                            if cfg.sparse else None)
+
+    def _build(self, sparse: bool, with_dense: bool, name: str):
+        """The merge of the items it covers as one tf.function: rows (or whole variables),
+        weighted, one grouped Horovod allreduce, divided by the row shares, written back."""
+        import horovod.tensorflow as hvd
+
+        items = [(j, v, m, norm) for j, (v, m, norm) in enumerate(self.items)
+                 if with_dense or (sparse and m is not None)]
         rows_spec = tf.TensorSpec([None], tf.int64)
         flag_spec = tf.TensorSpec([None], tf.float32)
 
@@ -75,9 +93,8 @@ class Merge:
                                       tf.TensorSpec([], tf.float32)))
         def merge(rows_in, rows_out, mine_in, mine_out, weight):
             rows, mine = (rows_in, rows_out), (mine_in, mine_out)
-            sparse = cfg.sparse
             sent, shares = [], {}
-            for j, (v, m, norm) in enumerate(self.items):
+            for j, v, m, norm in items:
                 x = tf.gather(v, rows[m]) if (sparse and m is not None) else tf.identity(v)
                 if self.anchor is not None:
                     a = self.anchor[j]
@@ -86,12 +103,12 @@ class Merge:
                 if norm:
                     scale = tf.reshape(scale, [-1] + [1] * (len(v.shape) - 1))
                 sent.append(tf.cast(x * scale, self.wire))
-            for m in {m for _, m, norm in self.items if norm}:
+            for m in sorted({m for _, _, m, norm in items if norm}):
                 shares[m] = len(sent)
                 sent.append(tf.cast(weight * mine[m], self.wire))
-            summed = hvd.grouped_allreduce(sent, op=hvd.Sum, name="weighted_merge")
-            for j, (v, m, norm) in enumerate(self.items):
-                y = tf.cast(summed[j], tf.float32)
+            summed = hvd.grouped_allreduce(sent, op=hvd.Sum, name=name)
+            for k, (j, v, m, norm) in enumerate(items):
+                y = tf.cast(summed[k], tf.float32)
                 part = sparse and m is not None
                 if norm:
                     share = tf.cast(summed[shares[m]], tf.float32)
@@ -112,7 +129,7 @@ class Merge:
                     if self.anchor is not None:
                         self.anchor[j].assign(y)
 
-        self._merge = merge
+        return merge
 
     def reset_anchor(self) -> None:
         """The float16 merge's 32-bit anchor follows the model (after broadcast or restore)."""
@@ -137,9 +154,24 @@ class Merge:
                 mine[m] = touched[m][rows[m]].astype(np.float32)
             else:
                 mine[m] = touched[m].astype(np.float32)
-        self._merge(tf.constant(rows[0]), tf.constant(rows[1]), tf.constant(mine[0]),
-                    tf.constant(mine[1]), tf.constant(weight, tf.float32))
+        pieces = self._pieces(rows)
+        split_rows = [np.array_split(r, pieces) for r in rows]
+        split_mine = [np.array_split(x, pieces) if self.cfg.sparse else [x] * pieces for x in mine]
+        for k in range(pieces):
+            step = self._merge_first if k == 0 else self._merge_rows
+            step(tf.constant(split_rows[0][k]), tf.constant(split_rows[1][k]),
+                 tf.constant(split_mine[0][k]), tf.constant(split_mine[1][k]),
+                 tf.constant(weight, tf.float32))
+        self.last_pieces = pieces
         self.last_bytes = self._bytes(rows)
+
+    def _pieces(self, rows: list) -> int:
+        """How many allreduces the touched rows travel in: each piece's rows stay under
+        merge.chunk_mb on the wire (the same on every rank: the rows are the union)."""
+        if not self.cfg.sparse or self.cfg.chunk_mb <= 0:
+            return 1
+        total = sum(len(rows[m]) * self.row_bytes[m] for m in self.used_masks)
+        return max(1, int(np.ceil(total / (self.cfg.chunk_mb * 2**20))))
 
     def _bytes(self, rows: list) -> int:
         """Bytes one rank puts into the merge's allreduce."""

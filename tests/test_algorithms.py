@@ -102,7 +102,8 @@ def test_static_scheduler_follows_measured_speed(tmp_path):
 
 
 @pytest.mark.parametrize("mode,ranks", [("plain", 2), ("row_norm", 3), ("momentum", 2),
-                                        ("sampled", 3), ("dense_sampled", 2), ("float16", 2)])
+                                        ("sampled", 3), ("dense_sampled", 2), ("float16", 2),
+                                        ("chunked", 3)])
 def test_adaptive_merge_follows_its_rule_window_by_window(mode, ranks):
     """Sparse and dense merges (on 2 and 3 real ranks) against the rule computed in numpy."""
     p = mpirun(ranks, ["tests/parallel/check_merge.py", mode], timeout=180)

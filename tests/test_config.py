@@ -46,6 +46,7 @@ def test_file_then_overrides_win(tmp_path):
     ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
     ("data:\n  train: a.txt\n", "data: train and test must both be"),
     ("data:\n  synth:\n    preset: imagenet\n", "data.synth.preset: unknown preset"),
+    ("merge:\n  chunk_mb: -1\n", "merge.chunk_mb: must be >= 0"),
     ("- 1\n- 2\n", "top level must be a mapping"),
     ("train: [\n", "not valid YAML"),
 ])

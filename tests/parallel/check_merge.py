@@ -10,8 +10,9 @@ the merge in numpy and asserts:
 - the merged model = sum_i w_i theta_i (plain), with the row-normalized rule for the row-sparse
   layers (row_norm: the input layer, and the output layer under the sampled loss; optimizer
   slots merged plainly), or block momentum (momentum);
-- the sparse merge (the default) and the dense one (dense_*) both give that result; with 3
-  ranks the windows have rows touched by one rank, by several and by none;
+- the sparse merge (the default), the dense one (dense_*) and one in several pieces (chunked)
+  all give that result; with 3 ranks the windows have rows touched by one rank, by several
+  and by none;
 - replicas are identical after every merge.
 Exit code 0 means every check held.
 """
@@ -33,6 +34,7 @@ MODES = {
     "sampled": [*NORM, *SAMPLED],
     "dense_sampled": [*NORM, *SAMPLED, "merge.sparse=false"],
     "float16": [*NORM, *SAMPLED, "merge.dtype=float16"],
+    "chunked": [*NORM, *SAMPLED, "merge.chunk_mb=0.02"],  # several allreduces a merge
 }
 
 
@@ -127,6 +129,8 @@ def main() -> int:
                 continue
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{mode}: tracked variable {j} after window {windows}")
+        if mode == "chunked":
+            assert algo.merge.last_pieces > 2, algo.merge.last_pieces
         anchor = [a.copy() for a in after]
         windows += 1
     if c.is_root:
