@@ -2,8 +2,10 @@
 # Full-scale measurements recorded in docs/scale.md (one at a time; nothing else should run).
 #   bash launch/bench_scale.sh data           # generate + cache the full Amazon-670K and
 #                                             # Delicious-200K shapes: seconds, cached load, peak memory
-#   bash launch/bench_scale.sh train [BUDGET] # Amazon-670K shape, 2 ranks, sampled output layer:
-#                                             # adaptive and sync for BUDGET training seconds (default 1 epoch)
+#   bash launch/bench_scale.sh train [BUDGET] [SHAPE]
+#                                             # SHAPE 670k (default) or 200k (Delicious-200K), 2 ranks,
+#                                             # sampled output layer: adaptive and sync for BUDGET
+#                                             # training seconds ("" or 0: 1 epoch)
 #   bash launch/bench_scale.sh sampled        # 67,009 labels: sampled vs full softmax (sync, 2 ranks),
 #                                             # time per epoch and P@1 after 1.5 epochs (REPEATS, default 1)
 set -euo pipefail
@@ -32,19 +34,26 @@ PY
     done | tee "$OUT/data.txt" ;;
   train)
     budget=${2:-}
-    extra=(); [ -n "$budget" ] && extra=(--set "train.time_budget_s=$budget")
+    shape=${3:-670k}
+    case "$shape" in
+      670k) config=configs/amazon670k_synth.yaml ;;
+      200k) config=configs/delicious200k_synth.yaml ;;
+      *) echo "bench_scale.sh: unknown shape '$shape' (670k or 200k)" >&2; exit 2 ;;
+    esac
+    extra=(); [ -n "$budget" ] && [ "$budget" != 0 ] && extra=(--set "train.time_budget_s=$budget")
     for algo in adaptive sync; do
-      mpirun -np 2 --bind-to none "$VENV/bin/hvd-adaptive" train --config configs/amazon670k_synth.yaml \
-        --run-dir "$OUT/670k-$algo" --set "train.algorithm=$algo" "${extra[@]}"
+      rm -rf "$OUT/$shape-$algo"  # a new run, not appended to an old one's records
+      mpirun -np 2 --bind-to none "$VENV/bin/hvd-adaptive" train --config "$config" \
+        --run-dir "$OUT/$shape-$algo" --set "train.algorithm=$algo" "${extra[@]}"
     done
-    "$VENV/bin/python" - "$OUT" <<'PY' | tee "$OUT/train.txt"
+    "$VENV/bin/python" - "$OUT" "$shape" <<'PY' | tee "$OUT/train-$shape.txt"
 import json, statistics, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, shape = Path(sys.argv[1]), sys.argv[2]
 print("| algorithm | epochs | train s | s per epoch | P@1 | merge MB/window (dense) | comm s/window | peak RSS MB/rank |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- |")
 for algo in ("adaptive", "sync"):
-    d = out / f"670k-{algo}"
+    d = out / f"{shape}-{algo}"
     s = json.loads((d / "summary.json").read_text())
     rounds = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]
     rounds = [r for r in rounds if r["event"] == "round"]
@@ -86,5 +95,5 @@ f, s = rows["full"], rows["sampled"]
 print(f"sampled: {f[0] / s[0]:.2f}x faster per epoch, final P@1 {100 * (s[1] - f[1]):+.1f} points")
 PY
     ;;
-  *) echo "usage: bash launch/bench_scale.sh data | train [BUDGET_S] | sampled" >&2; exit 2 ;;
+  *) echo "usage: bash launch/bench_scale.sh data | train [BUDGET_S] [670k|200k] | sampled" >&2; exit 2 ;;
 esac
