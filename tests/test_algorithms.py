@@ -69,10 +69,12 @@ def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
     tail = counts[-6:]
     gaps = np.abs(tail[:, 0] - tail[:, 1]) / tail.max(axis=1)
     kept = np.delete(tail, np.argmax(gaps), axis=0).sum(axis=0)
-    # The issue asked for 15%; most runs here end within 5%, but about one run in three on
-    # this shared 2-core machine lands between 15% and 25% (a rank stalls for a few windows),
-    # so the test holds the line at 25% rather than fail CI at random.
-    assert abs(kept[0] - kept[1]) / kept.max() <= 0.25, (counts.tolist(), sizes)
+    # One window's gap is noisy (0-50% here: ~25 batches a rank, and a stall shifts several),
+    # but summed over five windows (~125 batches a rank) the counts agree closely: six
+    # repeated runs on this 2-core machine ended at 1.6-3.1%, so 15% leaves room for noise
+    # and still fails when the slow rank keeps a batch size that does not match its speed
+    # (sizes pinned at 256 by adaptive.b_min=256 under the 2x slowdown: 62%, checked once).
+    assert abs(kept[0] - kept[1]) / kept.max() <= 0.15, (counts.tolist(), sizes)
 
 
 def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
