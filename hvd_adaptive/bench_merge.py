@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         merge = Merge(model, None, dataclasses.replace(cfg.merge, sparse=False), False, c.comm)
         weight = (1.0 + c.rank) / (c.size * (c.size + 1) / 2)  # unequal, summing to 1 over ranks
 
-        @tf.function
+        @tf.function(autograph=False)
         def plain_sum():
             tensors = [tf.identity(v) for v in model.variables_list]
             for v, s in zip(model.variables_list, hvd.grouped_allreduce(tensors, op=hvd.Sum,

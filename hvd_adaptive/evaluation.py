@@ -41,25 +41,31 @@ class Evaluator:
         self.block = plan_blocks(model.n_labels, self.chunk, memory_mb, self.k)
         spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
                 tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
-        self._hidden = tf.function(lambda *a: model.hidden(*a), input_signature=spec)
+        self._hidden = tf.function(lambda *a: model.hidden(*a), input_signature=spec,
+                                   autograph=False)
         self._topk = tf.function(self._topk_blocks, input_signature=(
-            tf.TensorSpec([None, None], tf.float32),))
+            tf.TensorSpec([None, None], tf.float32),), autograph=False)
 
     def _topk_blocks(self, h):
         n, k, block = self.model.n_labels, self.k, self.block
         rows = tf.shape(h)[0]
-        best_v = tf.fill([rows, k], tf.constant(-np.inf, tf.float32))
-        best_i = tf.zeros([rows, k], tf.int32)
-        for start in tf.range(0, n, block):  # AutoGraph: one while loop, whatever the blocks
-            tf.autograph.experimental.set_loop_options(
-                shape_invariants=[(best_v, tf.TensorShape([None, k])),
-                                  (best_i, tf.TensorShape([None, k]))])
+
+        def one_block(start, best_v, best_i):
             z = self.model.block_logits(h, start, tf.minimum(start + block, n))
             # A last block narrower than k is padded with -inf (never chosen over a real label).
             z = tf.pad(z, [[0, 0], [0, tf.maximum(k - tf.shape(z)[1], 0)]], constant_values=-np.inf)
             v, i = tf.math.top_k(z, k=k)
             best_v, pick = tf.math.top_k(tf.concat([best_v, v], 1), k=k)
             best_i = tf.gather(tf.concat([best_i, i + start], 1), pick, batch_dims=1)
+            return start + block, best_v, best_i
+
+        # One while loop over the label blocks, whatever their number.
+        _, _, best_i = tf.while_loop(
+            lambda start, *_: start < n, one_block,
+            (tf.constant(0, tf.int32), tf.fill([rows, k], tf.constant(-np.inf, tf.float32)),
+             tf.zeros([rows, k], tf.int32)),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, k]),
+                              tf.TensorShape([None, k])))
         return best_i
 
     def top_labels(self, test: Dataset, rows: np.ndarray) -> np.ndarray:

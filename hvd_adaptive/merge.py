@@ -90,7 +90,7 @@ class Merge:
         flag_spec = tf.TensorSpec([None], tf.float32)
 
         @tf.function(input_signature=(rows_spec, rows_spec, flag_spec, flag_spec,
-                                      tf.TensorSpec([], tf.float32)))
+                                      tf.TensorSpec([], tf.float32)), autograph=False)
         def merge(rows_in, rows_out, mine_in, mine_out, weight):
             rows, mine = (rows_in, rows_out), (mine_in, mine_out)
             sent, shares = [], {}

@@ -76,7 +76,7 @@ class SMA(_Averaging):
         self.prev = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
         alpha, mu = self.cfg.sma.alpha, self.cfg.sma.momentum
 
-        @tf.function
+        @tf.function(autograph=False)
         def sma_merge():
             d = [alpha * (r - z) for r, z in zip(self.variables, self.z)]
             for r, di in zip(self.variables, d):

@@ -216,7 +216,7 @@ class Hogbatch(Algorithm):
         pulled = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *w1.shape[1:]], tf.float32),
                   *[tf.TensorSpec(v.shape, tf.float32) for v in dense])
 
-        @tf.function(input_signature=pulled)
+        @tf.function(input_signature=pulled, autograph=False)
         def pull(rows, w1_rows, *values):
             # Only the input-layer rows in the batch affect its gradient.
             with tf.device(self.worker_device):
@@ -224,7 +224,7 @@ class Hogbatch(Algorithm):
                 for v, x in zip(dense, values):
                     v.assign(x)
 
-        @tf.function(input_signature=pulled)
+        @tf.function(input_signature=pulled, autograph=False)
         def deltas(rows, w1_rows, *values):
             # The update is what this worker's optimizer did to its replica since the pull.
             with tf.device(self.worker_device):

@@ -38,7 +38,8 @@ class Sync(Algorithm):
         self.per_row = np.zeros(n)
         self.per_step = np.zeros(n)
 
-        @tf.function(input_signature=(*BATCH_SIGNATURE, tf.TensorSpec([], tf.float32)))
+        @tf.function(input_signature=(*BATCH_SIGNATURE, tf.TensorSpec([], tf.float32)),
+                     autograph=False)
         def gradient(*args):
             *batch, share = args
             with tf.GradientTape() as tape:
@@ -48,7 +49,7 @@ class Sync(Algorithm):
                 scaled = loss * share
             return loss, tape.gradient(scaled, self.variables)
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def allreduce(grads):
             # Horovod: one fused allreduce (Sum) of every gradient; IndexedSlices are allgathered.
             # Horovod 0.28.1 takes each allgathered slice's dense_shape from the group's tensors
@@ -62,7 +63,7 @@ class Sync(Algorithm):
                 out[i] = g
             return out
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def update(grads):
             self.opt.apply(grads, self.variables)
             return tf.constant(0.0)
