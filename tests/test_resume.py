@@ -5,6 +5,8 @@ or asynchronously, so a resumed run cannot repeat an uninterrupted one exactly: 
 continue from the checkpoint (every round once in the log, every row of every epoch) and end in
 the same accuracy band as an uninterrupted run.
 """
+import shutil
+
 import pytest
 
 from mpirun import mpirun, records, train
@@ -40,12 +42,22 @@ def test_every_algorithm_resumes_and_ends_in_the_same_band(tmp_path, name):
     assert abs(s["final"]["p_at_1"] - ref["final"]["p_at_1"]) < 0.06, (s["final"], ref["final"])
 
 
-def test_adaptive_resumes_on_another_rank_count(tmp_path):
-    sets = ("train.algorithm=adaptive", *BASE, "checkpoint.every=4")
-    run = tmp_path / "run"
-    interrupted(run, 2, sets, fail_at=9)
+CUT = ("train.algorithm=adaptive", *BASE, "checkpoint.every=4")
+
+
+@pytest.fixture(scope="module")
+def adaptive_cut(tmp_path_factory):
+    """One adaptive run on 2 ranks that failed in round 9 (checkpoint ckpt-8 is its newest);
+    each test resumes a copy of it."""
+    run = tmp_path_factory.mktemp("cut") / "run"
+    interrupted(run, 2, CUT, fail_at=9)
+    return run
+
+
+def test_adaptive_resumes_on_another_rank_count(tmp_path, adaptive_cut):
+    run = shutil.copytree(adaptive_cut, tmp_path / "run")
     args = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir", str(run),
-            "--resume", *[a for s in sets for a in ("--set", s)]]
+            "--resume", *[a for s in CUT for a in ("--set", s)]]
     p = mpirun(3, args, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "warning: checkpoint written by 2 ranks, resuming on 3" in p.stdout, p.stdout[-2000:]
@@ -58,12 +70,10 @@ def test_adaptive_resumes_on_another_rank_count(tmp_path):
     ("train.algorithm=sma", "checkpoint was written by train.algorithm=adaptive, this run uses sma"),
     ("train.seed=5", "checkpoint was taken with [train.seed, train.window_samples, training rows]"),
 ])
-def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, change, needle):
-    sets = ("train.algorithm=adaptive", *BASE, "checkpoint.every=4")
-    run = tmp_path / "run"
-    interrupted(run, 2, sets, fail_at=9)
+def test_resume_refuses_a_checkpoint_of_another_run(tmp_path, adaptive_cut, change, needle):
+    run = shutil.copytree(adaptive_cut, tmp_path / "run")
     args = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", "--run-dir", str(run),
-            "--resume", *[a for s in (*sets, change) for a in ("--set", s)]]
+            "--resume", *[a for s in (*CUT, change) for a in ("--set", s)]]
     p = mpirun(2, args, timeout=180)
     assert p.returncode != 0
     assert needle in p.stderr and "ckpt-8" in p.stderr, p.stderr[-2000:]
