@@ -44,18 +44,12 @@ def main() -> int:
         "train.algorithm=adaptive", "train.epochs=1", "train.window_samples=512",
         "hetero.slowdown={1: 2.0}", "optim.name=adagrad", "optim.lr=0.1", *MODES[mode]])
     c = distributed.init(threads=1)
-    from hvd_adaptive.algorithms import Context
-    from hvd_adaptive.algorithms.adaptive import Adaptive
-    from hvd_adaptive.hetero import Heterogeneity
-    from hvd_adaptive.model import Optimizer, SparseMLP
     from hvd_adaptive.data import load_data
+    from real_algorithm import build
 
     train, _ = load_data(cfg, c)
-    model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-    opt = Optimizer(model.variables_list, cfg.optim)
-    algo = Adaptive(Context(cfg, c, model, opt, train, Heterogeneity(cfg.hetero, c.rank)))
-    algo.setup()
-    algo.trace()
+    algo = build(cfg, c, train)
+    model = algo.model
     items = algo.merge.items  # (variable, touched mask or None, row-normalized?)
     tracked = [v for v, _, _ in items]
     seen = {}
