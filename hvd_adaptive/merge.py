@@ -68,10 +68,11 @@ class Merge:
                        if cfg.dtype == "float16" else None)
         self.last_bytes = 0
         self.dense_bytes = sum(int(np.prod(v.shape)) * self.wire.size for v, _, _ in self.items)
-        # Bytes of one row of each mask's variables on the wire (pieces of a chunked merge).
+        # On the wire: the variables without a row mask travel whole; for each mask, one row of
+        # every variable it indexes, plus its row-normalization share.
+        self.fixed_bytes = sum(int(np.prod(v.shape)) for v, m, _ in self.items if m is None)
         self.row_bytes = {m: sum(int(np.prod(v.shape[1:])) for v, mm, _ in self.items if mm == m)
-                          * self.wire.size + (self.wire.size if any(n for _, mm, n in self.items
-                                                                     if mm == m) else 0)
+                          + any(norm for _, mm, norm in self.items if mm == m)
                           for m in self.used_masks}
         self.last_pieces = 0
         # The first piece carries the dense variables too; later pieces only rows.
@@ -156,7 +157,7 @@ class Merge:
                 mine[m] = touched[m].astype(np.float32)
         pieces = self._pieces(rows)
         split_rows = [np.array_split(r, pieces) for r in rows]
-        split_mine = [np.array_split(x, pieces) if self.cfg.sparse else [x] * pieces for x in mine]
+        split_mine = [np.array_split(x, pieces) for x in mine]
         for k in range(pieces):
             step = self._merge_first if k == 0 else self._merge_rows
             step(tf.constant(split_rows[0][k]), tf.constant(split_rows[1][k]),
@@ -170,18 +171,12 @@ class Merge:
         merge.chunk_mb on the wire (the same on every rank: the rows are the union)."""
         if not self.cfg.sparse or self.cfg.chunk_mb <= 0:
             return 1
-        total = sum(len(rows[m]) * self.row_bytes[m] for m in self.used_masks)
+        total = self._bytes(rows) - self.fixed_bytes * self.wire.size
         return max(1, int(np.ceil(total / (self.cfg.chunk_mb * 2**20))))
 
     def _bytes(self, rows: list) -> int:
-        """Bytes one rank puts into the merge's allreduce."""
-        total = 0
-        for v, m, norm in self.items:
-            n = int(np.prod(v.shape))
-            if self.cfg.sparse and m is not None:
-                n = n // max(int(v.shape[0]), 1) * len(rows[m])
-            total += n * self.wire.size
-        for m in {m for _, m, norm in self.items if norm}:
-            n = len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0])
-            total += n * self.wire.size
-        return total
+        """Bytes one rank puts into the merge's allreduces (all rows when not sparse)."""
+        n_rows = {m: len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0])
+                  for m in self.used_masks}
+        return (self.fixed_bytes + sum(n_rows[m] * self.row_bytes[m] for m in self.used_masks)) \
+            * self.wire.size
