@@ -33,17 +33,24 @@ class Cluster:
         return self.rank == 0
 
 
-def _pick_gpu(tf, local_rank: int) -> Optional[str]:
-    """Chooses this rank's GPU among the visible ones.
+def gpu_slot(local_rank: int, n_visible: int) -> int:
+    """Index of this rank's GPU among the ``n_visible`` GPUs it sees.
 
     Under Slurm's per-task GPU binding each process sees exactly one GPU (index 0); with the
-    whole node visible, ranks on the node spread over the GPUs by local rank.
-    Untested here: these machines have no GPU.
+    whole node visible, ranks on the node spread over its GPUs by their rank on the node
+    (never the global rank: rank 2 of a job is rank 0 of the second node).
+    """
+    return local_rank % n_visible if n_visible > 1 else 0
+
+
+def _pick_gpu(tf, local_rank: int) -> Optional[str]:
+    """Makes this rank's GPU (`gpu_slot`) the only one TensorFlow uses; None without GPUs.
+    Untested here: these machines have no GPU (the choice itself is tested across nodes).
     """
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         return None
-    gpu = gpus[local_rank % len(gpus)] if len(gpus) > 1 else gpus[0]
+    gpu = gpus[gpu_slot(local_rank, len(gpus))]
     tf.config.set_visible_devices([gpu], "GPU")
     tf.config.experimental.set_memory_growth(gpu, True)
     return "/GPU:0"

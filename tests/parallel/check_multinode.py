@@ -9,8 +9,9 @@ with a spy around the batch builder, and checks on rank 0:
 - adaptive used the scheduler EXPECT says (dynamic: the counter across nodes; fallback);
 - the replicas are identical at the end and the training loss fell from the first window to
   the last (the algorithms learn across nodes);
-- each rank's local rank, local size and thread count are those of its own node
-  (threads = the node's cores / ranks on the node);
+- each rank's local rank, local size, GPU choice and thread count are those of its own node
+  (threads = the node's cores / ranks on the node; on a node with one GPU per rank, the
+  ranks of each node take GPUs 0..k-1, one each; with one GPU visible per rank, GPU 0);
 - hogbatch refuses a job spanning nodes and names the alternative.
 Prints ``multinode ok (...)`` and one ``rank {json}`` line per rank. Exit code 0 means all held.
 """
@@ -35,6 +36,8 @@ def main() -> int:
 
     me = dict(rank=c.rank, host=socket.gethostname(), local_rank=c.local_rank,
               local_size=c.local_size, threads=c.threads, device=c.device,
+              gpu_per_rank=distributed.gpu_slot(c.local_rank, c.local_size),
+              gpu_bound=distributed.gpu_slot(c.local_rank, 1),
               cores=len(os.sched_getaffinity(0)))
     everyone = c.comm.allgather(me)
     if c.is_root:
@@ -49,6 +52,8 @@ def main() -> int:
             for r in ranks:
                 assert r["local_size"] == len(ranks), (host, r)
                 assert r["threads"] == max(1, r["cores"] // len(ranks)), (host, r)
+                assert r["gpu_bound"] == 0, (host, r)
+            assert sorted(r["gpu_per_rank"] for r in ranks) == list(range(len(ranks))), (host, ranks)
 
     spy = RowSpy(base)
     results = {}
