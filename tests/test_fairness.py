@@ -72,11 +72,15 @@ def test_cpu_quota_mode_slows_the_whole_rank_for_real(tmp_path):
     # A real cgroup CPU quota of half a core on rank 1 (root on these machines and in CI):
     # its standalone speed, measured the same way for every rank, must fall to about half.
     run = tmp_path / "quota"
+    # Four epochs: 7 windows counted, each only ~0.2 s (two of the quota's 100 ms periods), so
+    # one window's split says little; summed over 7 the fast rank took 2.5-3.9x the rows in 9
+    # runs (over 3 windows once only 1.14x).
     s = train(2, run, *WORKLOAD, "hetero.slowdown={1: 2.0}", "train.algorithm=adaptive",
-              "hetero.mode=cpu_quota", "train.threads=1")
+              "hetero.mode=cpu_quota", "train.threads=1", "train.epochs=4")
     fast, slow = s["per_rank"][0]["standalone_rate"], s["per_rank"][1]["standalone_rate"]
-    # 2x, times the contention the fast rank escapes while the other is throttled; no quota: ~1
-    assert 1.5 < fast / slow < 4.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
+    # 2x, blurred by the two cores' contention: measured 1.50-2.36 in 10 runs under the quota
+    # and 0.70-1.08 in 4 without it (0.6 s measurements; the fast rank's varies most).
+    assert 1.3 < fast / slow < 4.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
     rows = per_rank(records(run, "round")[1:], "samples")
     assert rows[0] > 1.3 * rows[1], f"dynamic scheduling should give the fast rank more rows: {rows}"
     assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), \
