@@ -40,7 +40,7 @@ def gpu_slot(local_rank: int, n_visible: int) -> int:
     whole node visible, ranks on the node spread over its GPUs by their rank on the node
     (never the global rank: rank 2 of a job is rank 0 of the second node).
     """
-    return local_rank % n_visible if n_visible > 1 else 0
+    return local_rank % n_visible
 
 
 def _pick_gpu(tf, local_rank: int) -> Optional[str]:

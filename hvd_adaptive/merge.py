@@ -68,10 +68,10 @@ class Merge:
                        if cfg.dtype == "float16" else None)
         self.last_bytes = 0
         self.dense_bytes = sum(int(np.prod(v.shape)) * self.wire.size for v, _, _ in self.items)
-        # On the wire: the variables without a row mask travel whole; for each mask, one row of
-        # every variable it indexes, plus its row-normalization share.
-        self.fixed_bytes = sum(int(np.prod(v.shape)) for v, m, _ in self.items if m is None)
-        self.row_bytes = {m: sum(int(np.prod(v.shape[1:])) for v, mm, _ in self.items if mm == m)
+        # Values on the wire: the variables without a row mask travel whole; for each mask, one
+        # row of every variable it indexes, plus its row-normalization share.
+        self.fixed_values = sum(int(np.prod(v.shape)) for v, m, _ in self.items if m is None)
+        self.row_values = {m: sum(int(np.prod(v.shape[1:])) for v, mm, _ in self.items if mm == m)
                           + any(norm for _, mm, norm in self.items if mm == m)
                           for m in self.used_masks}
         self.last_pieces = 0
@@ -171,12 +171,14 @@ class Merge:
         merge.chunk_mb on the wire (the same on every rank: the rows are the union)."""
         if not self.cfg.sparse or self.cfg.chunk_mb <= 0:
             return 1
-        total = self._bytes(rows) - self.fixed_bytes * self.wire.size
+        total = self._row_values(rows) * self.wire.size
         return max(1, int(np.ceil(total / (self.cfg.chunk_mb * 2**20))))
 
+    def _row_values(self, rows: list) -> int:
+        """Values of the masked variables' rows one rank sends (all rows when not sparse)."""
+        return sum((len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0]))
+                   * self.row_values[m] for m in self.used_masks)
+
     def _bytes(self, rows: list) -> int:
-        """Bytes one rank puts into the merge's allreduces (all rows when not sparse)."""
-        n_rows = {m: len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0])
-                  for m in self.used_masks}
-        return (self.fixed_bytes + sum(n_rows[m] * self.row_bytes[m] for m in self.used_masks)) \
-            * self.wire.size
+        """Bytes one rank puts into the merge's allreduces."""
+        return (self.fixed_values + self._row_values(rows)) * self.wire.size
