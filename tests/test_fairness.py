@@ -78,9 +78,10 @@ def test_cpu_quota_mode_slows_the_whole_rank_for_real(tmp_path):
     s = train(2, run, *WORKLOAD, "hetero.slowdown={1: 2.0}", "train.algorithm=adaptive",
               "hetero.mode=cpu_quota", "train.threads=1", "train.epochs=4")
     fast, slow = s["per_rank"][0]["standalone_rate"], s["per_rank"][1]["standalone_rate"]
-    # 2x, blurred by the two cores' contention: measured 1.50-2.36 in 10 runs under the quota
-    # and 0.70-1.08 in 4 without it (0.6 s measurements; the fast rank's varies most).
-    assert 1.3 < fast / slow < 4.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
+    # 2x, blurred by the two cores' contention and the quota's 100 ms periods within a 0.6 s
+    # measurement: 1.50-2.36 in 10 runs here under the quota and once 4.64 (in a full-suite
+    # run), 0.70-1.08 in 4 without it. The upper bound catches a quota far harsher than asked.
+    assert 1.3 < fast / slow < 6.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
     rows = per_rank(records(run, "round")[1:], "samples")
     assert rows[0] > 1.3 * rows[1], f"dynamic scheduling should give the fast rank more rows: {rows}"
     assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), \
