@@ -177,11 +177,43 @@ class SyncConfig:
     """Smallest per-rank share of the global batch under proportional partition."""
     smoothing: float = 0.5
     """Proportional partition: weight of the older measurements when a window's are blended in."""
+    deadband: float = 0.05
+    """Proportional partition: a new split is taken only when some rank's share moves by more
+    than this fraction of train.batch_size, so measurement noise between ranks of equal speed
+    does not unbalance them (and a rank within about 5% of the others keeps its equal share)."""
+    shard_update: bool = False
+    """Shard the dense layers' optimizer update: the output layer's gradient is reduce-scattered,
+    each rank updates its slice (with its slice of the optimizer state) and the slices are
+    allgathered, so no rank updates the whole layer every step (ZeRO-style; full softmax only)."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "min_batch")
         if not 0.0 <= self.smoothing < 1.0:
             raise ConfigError(f"{path}.smoothing: must be in [0, 1), got {self.smoothing}")
+        if not 0.0 <= self.deadband < 1.0:
+            raise ConfigError(f"{path}.deadband: must be in [0, 1), got {self.deadband}")
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """The recommended mode (train.algorithm: auto, hvd_adaptive/algorithms/auto.py): every
+    window either aggregates gradients (sync with the proportional split and the sharded
+    update) or trains adaptive SGD's window and merges, whichever measured more goodput."""
+
+    averaging_cost: float = 1.15
+    """Rows model averaging needs per row of gradient aggregation to reach the same accuracy
+    (its statistical cost): a window merges only when adaptive SGD's measured rows/s beat
+    sync's by more than this factor. 1.15: adaptive SGD needed 13-23% more rows than sync at
+    67,009 labels (docs/benchmark.md)."""
+    probe_every: int = 6
+    """Windows between probes of the mode not chosen, whose rows/s may have changed."""
+    shard_update: bool = True
+    """Gradient windows shard the output layer's optimizer update (sync.shard_update)."""
+
+    def validate(self, path: str) -> None:
+        _positive(self, path, "probe_every")
+        if self.averaging_cost < 1.0:
+            raise ConfigError(f"{path}.averaging_cost: must be >= 1, got {self.averaging_cost}")
 
 
 @dataclass(frozen=True)
@@ -318,11 +350,27 @@ class HogbatchConfig:
 
 
 @dataclass(frozen=True)
+class PhaseConfig:
+    """One phase of a time-varying slowdown (hetero.schedule)."""
+
+    from_epoch: float = 0.0
+    """Training progress (epochs) from which this phase's slowdown applies."""
+    slowdown: dict[int, float] = field(default_factory=dict)
+    """Rank -> factor during the phase; ranks not named run at full speed."""
+
+
+@dataclass(frozen=True)
 class HeteroConfig:
     """Heterogeneity injected into a run (hvd_adaptive/hetero.py): the same for every algorithm."""
 
     slowdown: dict[int, float] = field(default_factory=dict)
     """Rank -> slowdown factor (>= 1), e.g. {1: 2.0} makes rank 1 two times slower."""
+    schedule: list[PhaseConfig] = field(default_factory=list)
+    """A slowdown that changes with training progress (sleep mode): phases in order of
+    `from_epoch`; each replaces `slowdown` from its epoch on, e.g. rank 1 2x slower from epoch
+    0.2 to 0.4: [{from_epoch: 0.2, slowdown: {1: 2}}, {from_epoch: 0.4, slowdown: {}}]. The
+    phase is chosen at the start of every window (round), so every algorithm sees it on the
+    same rows."""
     mode: Literal["sleep", "cpu_quota"] = "sleep"
     """sleep: a slowed rank waits (factor - 1) x each span of its local computation (forward,
     backward, optimizer update), never its communication. cpu_quota: the slowed rank's whole
@@ -336,6 +384,18 @@ class HeteroConfig:
                 raise ConfigError(f"{path}.slowdown: needs rank >= 0 and factor >= 1, got {r}: {f}")
         if self.jitter < 0:
             raise ConfigError(f"{path}.jitter: must be >= 0, got {self.jitter}")
+        starts = [p.from_epoch for p in self.schedule]
+        if starts != sorted(starts) or any(e < 0 for e in starts):
+            raise ConfigError(f"{path}.schedule: phases must start at epochs >= 0 in increasing "
+                              f"order, got {starts}")
+        for i, phase in enumerate(self.schedule):
+            for r, f in phase.slowdown.items():
+                if r < 0 or f < 1.0:
+                    raise ConfigError(f"{path}.schedule[{i}].slowdown: needs rank >= 0 and "
+                                      f"factor >= 1, got {r}: {f}")
+        if self.schedule and self.mode != "sleep":
+            raise ConfigError(f"{path}.schedule: a time-varying slowdown needs hetero.mode=sleep "
+                              f"(a cgroup quota is set once at start), got mode {self.mode}")
 
 
 @dataclass(frozen=True)
@@ -363,6 +423,7 @@ class Config:
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     merge: MergeConfig = field(default_factory=MergeConfig)
     sma: SmaConfig = field(default_factory=SmaConfig)
     hogbatch: HogbatchConfig = field(default_factory=HogbatchConfig)

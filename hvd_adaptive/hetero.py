@@ -12,6 +12,9 @@ Two modes (config `hetero.mode`), the same for every algorithm:
   would be: its communication and waiting slow down too. Needs root (or a delegated cgroup);
   where the quota cannot be set, start-up fails with a clear error rather than run unslowed.
 
+``hetero.schedule`` changes the factors with training progress (sleep mode): each window
+takes the phase its first row falls in.
+
 ``hetero.jitter`` adds a random wait, uniform in [0, jitter] x the span's time, on every rank
 (sleep mode only): batch times that vary as sparse batches do.
 """
@@ -41,7 +44,9 @@ class Heterogeneity:
 
     def __init__(self, cfg: HeteroConfig, rank: int):
         self.mode = cfg.mode
+        self.rank = rank
         self.factor = float(cfg.slowdown.get(rank, 1.0))
+        self.schedule = cfg.schedule
         self.jitter = cfg.jitter
         self.rng = np.random.default_rng(1000 + rank)
         self.quota: Optional[CpuQuota] = None
@@ -50,6 +55,13 @@ class Heterogeneity:
     @property
     def sleeps(self) -> bool:
         return self.mode == "sleep" and (self.factor > 1.0 or self.jitter > 0)
+
+    def at_epoch(self, epoch: float) -> None:
+        """Takes the slowdown of `hetero.schedule`'s phase at training progress `epoch` (called
+        at the start of every window, so every algorithm is slowed on the same rows)."""
+        for phase in self.schedule:
+            if epoch + 1e-12 >= phase.from_epoch:
+                self.factor = float(phase.slowdown.get(self.rank, 1.0))
 
     def compute(self, fn: Callable[..., Any], *args) -> tuple[Any, float]:
         """Runs `fn(*args)`, a span of local computation, slowed as configured.

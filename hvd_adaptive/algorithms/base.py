@@ -215,7 +215,7 @@ class Algorithm:
         """tf.functions with full input signatures that training calls."""
         return [self._local_step]
 
-    def calibrate(self, batch_size: int, steps: int = 8, min_seconds: float = 0.6) -> float:
+    def calibrate(self, batch_size: int, steps: int = 8, min_seconds: float = 2.0) -> float:
         """This rank's standalone speed in rows/s: the local training step, optimizer update
         and slowdown included, as if this rank trained alone (no communication, no waiting).
 
@@ -264,10 +264,15 @@ class Algorithm:
         with self.unchanged():
             self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
 
+    def on_calibrated(self, rates: list) -> None:
+        """Receives every rank's standalone rows/s (Algorithm.calibrate, allgathered) before
+        the clock starts."""
+
     def run_round(self) -> Optional[RoundStats]:
         w = self.next_window()
         if w is None:
             return None
+        self.hetero.at_epoch(w.epoch + w.start / w.n_rows)
         t0, slept = time.perf_counter(), self.hetero.injected_s
         self.model.clear_touched()  # rows this window trains (not calibration's or warm-up's)
         stats = self.train_window(w)

@@ -334,6 +334,7 @@ class Hogbatch(Algorithm):
         if span is None:
             return None
         first, last = span
+        self.hetero.at_epoch(first.epoch + first.start / first.n_rows)
         t_round, slept = time.perf_counter(), self.hetero.injected_s
         self.counter.prepare(self.round)
         budget = last.end - first.start
