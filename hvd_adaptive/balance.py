@@ -118,6 +118,14 @@ def balanced_partition(total: int, per_row_s: np.ndarray, per_step_s: np.ndarray
     return proportional_partition(total, rows, minimum)
 
 
+def keep_within_deadband(current: np.ndarray, proposed: np.ndarray, rows: float) -> np.ndarray:
+    """The proposed split, unless no rank's share moves by more than `rows` from the current
+    one: then the current split stays (noise between ranks of equal speed is not followed)."""
+    current = np.asarray(current, dtype=np.int64)
+    proposed = np.asarray(proposed, dtype=np.int64)
+    return current.copy() if np.abs(proposed - current).max() <= rows else proposed
+
+
 def split_evenly(total: int, n: int) -> np.ndarray:
     """Offsets [n+1] splitting `total` rows into n contiguous nearly equal parts."""
     return (np.arange(n + 1, dtype=np.int64) * total) // n

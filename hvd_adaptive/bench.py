@@ -14,12 +14,25 @@ same span in every algorithm; the `quota` scenario slows the rank's whole proces
 cgroup CPU quota), and the same clock (training seconds on rank 0, evaluation excluded).
 Contenders whose defaults are not their own carry their tuned settings in CONTENDERS.
 
+Scenarios (`--scenarios`, the slowed rank is the last): `even`; `slowed` (sleep mode) and
+`quota` (a cgroup CPU quota) once per factor of `--slowdown`; `vary`: the last rank runs at
+full speed, turns `--slowdown`'s first factor slower a third of the way to the target and
+recovers at two thirds (in epochs, from sync's rows to the target in the first even run).
+
 The target P@1 is 90% of sync's final P@1 in the first even run (or --target); later runs stop
 once they reach it. Time and samples to target are interpolated linearly between evaluations
 (every `train.eval_every` epochs). Columns: time to target; samples to target (statistical
-efficiency); samples per second up to then (hardware efficiency); cluster efficiency (rows/s
-over the sum of the ranks' standalone rows/s); where the ranks' time went; sync's time to
-target over the contender's (> 1: sooner than sync). Medians over repeats.
+efficiency); samples per second up to then (hardware efficiency); cluster efficiency; sync's time
+to target over the contender's (> 1: sooner than sync); the fraction of the limit; where the
+ranks' time went. Medians over repeats.
+
+The limit is the time a perfect data-parallel method would take: sync's rows to the target at
+the sum of the ranks' standalone rates (each rank's own training step, timed at start-up in
+every run). One set of standalone rates serves every contender of a scenario: per rank, the
+median over all the scenario's runs (every contender, every repeat), so no contender is judged
+by its own lucky or unlucky measurement; their spread is printed. In `vary` the slowed phase's
+rate of the last rank is its full-speed rate over the factor (sleep mode divides exactly).
+Cluster efficiency is a run's rows/s over that sum.
 """
 from __future__ import annotations
 
@@ -45,7 +58,7 @@ CONTENDERS = {
     "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
                        "adaptive.row_norm=false", "adaptive.lr_scaling=linear"],
 }
-SCENARIOS = ("even", "slowed", "quota")
+SCENARIOS = ("even", "slowed", "quota", "vary")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
 
@@ -63,16 +76,54 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
             "evals": [r for r in recs if r["event"] == "eval"]}
 
 
-def measures(run: dict, target: float) -> dict:
-    """One run's figures: time and samples to target, rates, efficiency, time breakdown."""
+def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
+    """One run's figures: time and samples to target, rates, efficiency, time breakdown; with
+    a scenario's `limit` (see `limits`) also efficiency against its rates and the fraction of
+    the limit reached."""
     s = run["summary"]
     t = time_to_target(run["evals"], target)
     n = time_to_target(run["evals"], target, key="samples")
     totals = {k: sum(r.get(k, 0.0) for r in s["per_rank"]) for k in PARTS}
     spent = sum(totals.values()) or 1.0
-    return {"t": t, "samples": n, "rate": n / t if t and n else None,
-            "eff": s["efficiency"], "final": s["final"]["p_at_1"],
-            **{k: totals[k] / spent for k in PARTS}}
+    rate = n / t if t and n else None
+    out = {"t": t, "samples": n, "rate": rate, "eff": s["efficiency"], "final": s["final"]["p_at_1"],
+           **{k: totals[k] / spent for k in PARTS}}
+    if limit:
+        out["eff"] = rate / limit["rate"] if rate else None
+        out["of_limit"] = limit["t"] / t if t and limit.get("t") else None
+    return out
+
+
+def standalone(run: dict) -> list[float]:
+    """The ranks' standalone rows/s that a run measured at start-up."""
+    return [r["standalone_rate"] for r in run["summary"]["per_rank"]]
+
+
+def limits(runs: dict, target: float, phases: Optional[list] = None) -> dict:
+    """A scenario's limit from all its runs ({contender: [run, ...]}).
+
+    Per rank the median standalone rate over every run of the scenario; `rate` is their sum;
+    `t` is sync's median rows to the target at that rate (phases: [(rows, factor of the last
+    rank)] of a time-varying scenario, each at its own sum); `spread` the largest over the
+    smallest sum of one run's standalone rates.
+    """
+    every = [standalone(r) for rs in runs.values() for r in rs]
+    per_rank = [statistics.median(col) for col in zip(*every)]
+    sums = [sum(x) for x in every]
+    out = {"rate": sum(per_rank), "per_rank": per_rank, "spread": max(sums) / min(sums), "t": None}
+    sync_rows = _median([time_to_target(r["evals"], target, key="samples") for r in runs.get("sync", [])])
+    if sync_rows:
+        if not phases:
+            out["t"] = sync_rows / out["rate"]
+        else:
+            t, done = 0.0, 0.0
+            for rows_end, factor in phases:
+                part = min(rows_end, sync_rows) - done
+                if part > 0:
+                    t += part / (sum(per_rank[:-1]) + per_rank[-1] / factor)
+                    done += part
+            out["t"] = t
+    return out
 
 
 def _median(xs: list) -> Optional[float]:
@@ -83,35 +134,62 @@ def _median(xs: list) -> Optional[float]:
 # (header, measure, format) of the table's columns after the contender's name
 COLUMNS = (("s->target", "t", "{:.1f}"), ("rows->tgt", "samples", "{:.0f}"),
            ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("sync/this", "ratio", "{:.2f}"),
+           ("of_limit", "of_limit", "{:.2f}"),
            ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
            ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
 
 
-def table(results: dict, target: float) -> str:
-    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table (medians)."""
+def table(results: dict, target: float, phases: Optional[dict] = None) -> str:
+    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table (medians);
+    `phases` maps a time-varying scenario's label to its phases (see `limits`)."""
     lines = []
     for scenario, algos in results.items():
         reps = max(len(v) for v in algos.values())
-        lines.append(f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); "
-                     "time shares of all ranks)")
-        m = {name: [measures(r, target) for r in runs] for name, runs in algos.items()}
+        lim = limits(algos, target, (phases or {}).get(scenario))
+        head = (f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); time shares "
+                f"of all ranks)\n  standalone rows/s per rank (median of the scenario's runs): "
+                + ", ".join(f"{x:.0f}" for x in lim["per_rank"])
+                + f"; sum {lim['rate']:.0f} (runs spread {100 * (lim['spread'] - 1):.0f}%)")
+        if lim["t"]:
+            head += f"; limit {lim['t']:.1f} s to target"
+        lines.append(head)
+        m = {name: [measures(r, target, lim) for r in runs] for name, runs in algos.items()}
         ref = _median([x["t"] for x in m.get("sync", [])])
         cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: _median([x[k] for x in ms]) for k in ms[0]}
             med["ratio"] = ref / med["t"] if ref and med["t"] else None
-            cells.append([name, *("-" if med[k] is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
+            cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
         lines.append(align(cells, text_columns=1))
     return "\n".join(lines)
 
 
-def scenario_sets(scen: str, ranks: int, slowdown: float) -> tuple[str, list[str]]:
+def scenario_list(names: list[str], factors: list[float],
+                  quota_factors: Optional[list[float]] = None) -> list[tuple[str, float]]:
+    """(kind, factor) for each scenario to run: slowed once per factor, quota once per quota
+    factor (default: the same), even and vary with the first factor."""
+    out = []
+    for name in names:
+        if name in ("slowed", "quota"):
+            out += [(name, f) for f in (quota_factors or factors if name == "quota" else factors)]
+        else:
+            out.append((name, factors[0]))
+    return out
+
+
+def scenario_sets(scen: str, ranks: int, slowdown: float,
+                  vary_epochs: tuple[float, float] = (0.0, 0.0)) -> tuple[str, list[str]]:
     """A scenario's label and overrides (the last rank is the slowed one)."""
     slow = f"hetero.slowdown={{{ranks - 1}: {slowdown}}}"
     if scen == "even":
         return "no slowdown", []
     if scen == "slowed":
         return f"rank {ranks - 1} slowed {slowdown:g}x (sleep: local computation only)", [slow]
+    if scen == "vary":
+        a, b = vary_epochs
+        return (f"rank {ranks - 1} slowed {slowdown:g}x from epoch {a:.3f} to {b:.3f} (sleep)",
+                [f"hetero.schedule=[{{from_epoch: {a:.4f}, slowdown: {{{ranks - 1}: {slowdown}}}}}, "
+                 f"{{from_epoch: {b:.4f}, slowdown: {{}}}}]"])
     return f"rank {ranks - 1} slowed {slowdown:g}x (cgroup CPU quota: whole process)", \
         [slow, "hetero.mode=cpu_quota"]
 
@@ -131,9 +209,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="configs/bench.yaml")
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--slowdown", type=float, default=2.0, help="factor of the slowed rank (last rank)")
+    ap.add_argument("--slowdown", type=float, nargs="+", default=[2.0],
+                    help="factors of the slowed rank (last rank); slowed and quota run once per factor")
+    ap.add_argument("--quota-slowdown", type=float, nargs="+", default=None,
+                    help="factors of the quota scenarios (default: --slowdown's)")
     ap.add_argument("--algorithms", nargs="*",
-                    default=["sync", "sync_prop", "local", "adaptive", "adaptive_paper"],
+                    default=["sync", "sync_prop", "adaptive", "auto"],
                     choices=sorted(CONTENDERS))
     ap.add_argument("--variant", action="append", default=[],
                     help="an extra contender: NAME=section.key=value[,section.key=value]")
@@ -157,9 +238,16 @@ def main(argv: list[str] | None = None) -> int:
         target = 0.9 * ref["summary"]["final"]["p_at_1"]
         print(f"[bench] target P@1 {target:.4f} (90% of {ref['summary']['final']['p_at_1']:.4f})", flush=True)
     (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
+    phases: dict = {}
     for rep in range(a.repeats):
-        for scen in a.scenarios:
-            label, scen_sets = scenario_sets(scen, a.ranks, a.slowdown)
+        for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
+            vary = (0.0, 0.0)
+            if scen == "vary":
+                vary = _vary_epochs(results, target, a.config, out)
+            label, scen_sets = scenario_sets(scen, a.ranks, factor, vary)
+            if scen == "vary":
+                n_rows = _train_rows(out)
+                phases[label] = [(vary[0] * n_rows, 1.0), (vary[1] * n_rows, factor), (float("inf"), 1.0)]
             for name, sets in contenders.items():
                 run_sets = sets + a.set + scen_sets + [f"train.target_p_at_1={target}"]
                 if scen != "even" and "hogbatch" in " ".join(sets):
@@ -167,17 +255,40 @@ def main(argv: list[str] | None = None) -> int:
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
                       flush=True)
-                res = run_one(a.config, a.ranks, run_sets, out / f"{scen}-{name}-r{rep}")
+                tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
+                res = run_one(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}")
                 results.setdefault(label, {}).setdefault(name, []).append(res)
                 t = time_to_target(res["evals"], target)
                 print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n"
-            f"{table(results, target)}\n")
+            f"{table(results, target, phases)}\n")
     print(text)
     (out / "bench.txt").write_text(text)
     print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
           f"--out {out}/report.png")
     return 0
+
+
+def _vary_epochs(results: dict, target: float, config: str, out: Path) -> tuple[float, float]:
+    """A third and two thirds of the way to the target, in epochs: from sync's rows to the
+    target in the first even run (which must come first)."""
+    sync = results.get("no slowdown", {}).get("sync")
+    rows = time_to_target(sync[0]["evals"], target, key="samples") if sync else None
+    if not rows:
+        raise SystemExit("--scenarios vary needs `even` before it and sync among the contenders "
+                         "reaching the target (its rows to the target place the slow phase)")
+    n = _train_rows(out)
+    return rows / 3 / n, 2 * rows / 3 / n
+
+
+def _train_rows(out: Path) -> int:
+    """Training rows of the benchmark's data set, from any finished run's start record."""
+    for run in sorted(out.glob("*/metrics.jsonl")):
+        for line in run.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("event") == "start" and rec.get("train_rows"):
+                return int(rec["train_rows"])
+    raise SystemExit(f"no finished run in {out} records its training rows")
 
 
 if __name__ == "__main__":

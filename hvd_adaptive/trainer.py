@@ -74,11 +74,12 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         resumed = ckpt.restore(algo, log)
         algo.trace()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size))
+        algo.on_calibrated(rates)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
                 f"{cluster.threads} thread(s) each; standalone rows/s per rank: "
                 + ", ".join(f"{r:.0f}" for r in rates))
         head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
-                    baseline_p_at_1=base_p1, time=time.time())
+                    baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time())
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:

@@ -1,28 +1,58 @@
 """The benchmark's table: medians over repeats, time to target interpolated as the report does,
-missing values as "-"; and its contenders come from the one registry of algorithms."""
+missing values as "-", the limit from the scenario's standalone rates; and its contenders come
+from the one registry of algorithms."""
+import pytest
+
 from hvd_adaptive.algorithms import ALGORITHMS
-from hvd_adaptive.bench import CONTENDERS, table
+from hvd_adaptive.bench import CONTENDERS, limits, scenario_list, scenario_sets, table
 
 
-def run(p1s, compute_s, efficiency=0.8):
+def run(p1s, compute_s, rates=(60.0, 40.0)):
     """One run's summary and evaluations (evaluations one second and 100 rows apart)."""
     evals = [{"p_at_1": p, "wall_s": i + 1.0, "samples": 100 * (i + 1)} for i, p in enumerate(p1s)]
-    per_rank = [{"compute_s": compute_s, "comm_s": 1.0, "sync_s": 0.0, "wait_s": 0.0, "batch_s": 0.0}]
-    return {"summary": {"per_rank": per_rank, "efficiency": efficiency, "final": {"p_at_1": p1s[-1]}},
+    per_rank = [{"compute_s": compute_s, "comm_s": 1.0, "sync_s": 0.0, "wait_s": 0.0, "batch_s": 0.0,
+                 "standalone_rate": r} for r in rates]
+    return {"summary": {"per_rank": per_rank, "efficiency": 0.5, "final": {"p_at_1": p1s[-1]}},
             "evals": evals}
 
 
-def test_table_medians_ratio_and_missing_values():
-    results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.2, 0.3, 0.5], 1.0), run([0.5], 1.0)],
-                        "adaptive": [run([0.4], 3.0, efficiency=0.9)]}}
+def test_table_medians_ratio_limit_and_missing_values():
+    results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.2, 0.3, 0.5], 1.0, rates=(80, 40)),
+                                 run([0.5], 1.0)],
+                        "adaptive": [run([0.4], 3.0, rates=(40, 40))]}}
     lines = table(results, 0.45).splitlines()
     assert "medians over 3 repeat(s)" in lines[1]
-    assert lines[2].split() == ["contender", "s->target", "rows->tgt", "rows/s", "effic.", "sync/this",
-                                "compute", "comm", "allgat", "wait", "batch"]
-    # sync's times to 0.45: 1.83, 2.75 and 1.0 s -> median 1.83; rows 183, 275, 100 -> 183
-    assert lines[3].split()[:6] == ["sync", "1.8", "183", "100", "0.80", "1.00"]
-    # adaptive never reached the target: no time, rows, rate or ratio against sync
-    assert lines[4].split() == ["adaptive", "-", "-", "-", "0.90", "-", "0.75", "0.25", "0.00", "0.00", "0.00"]
+    # per rank the median over all four runs: 60 and 40 rows/s; sums 100, 120, 100, 80
+    assert "standalone rows/s per rank (median of the scenario's runs): 60, 40; sum 100" in lines[2]
+    assert "(runs spread 50%)" in lines[2]
+    # sync's rows to 0.45: 183, 275, 100 -> median 183 at 100 rows/s: 1.83 s
+    assert "limit 1.8 s to target" in lines[2]
+    assert lines[3].split() == ["contender", "s->target", "rows->tgt", "rows/s", "effic.", "sync/this",
+                                "of_limit", "compute", "comm", "allgat", "wait", "batch"]
+    # sync: 1.83 s, 183 rows, 100 rows/s -> efficiency 1.00 of the sum, and at the limit
+    assert lines[4].split()[:7] == ["sync", "1.8", "183", "100", "1.00", "1.00", "1.00"]
+    # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction
+    assert lines[5].split() == ["adaptive", "-", "-", "-", "-", "-", "-", "0.75", "0.25", "0.00",
+                                "0.00", "0.00"]
+
+
+def test_limit_of_a_time_varying_scenario_sums_its_phases():
+    runs = {"sync": [run([0.2, 0.3, 0.4, 0.5], 1.0, rates=(60, 40))]}
+    # sync reaches 0.45 at 350 rows: 100 at full speed (100 rows/s), 200 with the last rank
+    # 2x slower (60 + 20 = 80 rows/s), the last 50 at full speed again
+    lim = limits(runs, 0.45, phases=[(100, 1.0), (300, 2.0), (float("inf"), 1.0)])
+    assert lim["t"] == pytest.approx(100 / 100 + 200 / 80 + 50 / 100)
+
+
+def test_scenarios_per_factor_and_schedule():
+    assert scenario_list(["even", "slowed", "quota", "vary"], [1.25, 2.0]) == [
+        ("even", 1.25), ("slowed", 1.25), ("slowed", 2.0), ("quota", 1.25), ("quota", 2.0), ("vary", 1.25)]
+    assert scenario_list(["slowed", "quota"], [1.25, 2.0], [2.0]) == [
+        ("slowed", 1.25), ("slowed", 2.0), ("quota", 2.0)]
+    label, sets = scenario_sets("vary", 2, 2.0, (0.2, 0.4))
+    assert "from epoch 0.200 to 0.400" in label
+    assert sets == ["hetero.schedule=[{from_epoch: 0.2000, slowdown: {1: 2.0}}, "
+                    "{from_epoch: 0.4000, slowdown: {}}]"]
 
 
 def test_every_algorithm_is_a_contender():

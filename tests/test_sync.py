@@ -24,8 +24,11 @@ def test_sync_two_ranks_learns_and_keeps_replicas_identical(tmp_path):
     assert (run / "config.json").is_file()
 
 
-@pytest.mark.parametrize("partition", ["equal", "proportional"])
-def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(partition):
-    p = mpirun(2, ["tests/parallel/check_sync_equivalence.py", partition], timeout=180)
+@pytest.mark.parametrize("partition,optimizer", [("equal", "sgd"), ("proportional", "sgd"),
+                                                 ("auto", "adagrad")])
+def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(partition, optimizer):
+    """auto (proportional split, sharded output-layer update) with Adagrad, whose state the
+    shards must keep, equals one process too; proportional splits follow their rule."""
+    p = mpirun(2, ["tests/parallel/check_sync_equivalence.py", partition, optimizer], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert f"sync equivalence ok ({partition})" in p.stdout
+    assert f"sync equivalence ok ({partition}, {optimizer})" in p.stdout

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # name -> "module:class"
 ALGORITHMS = {
     "sync": "hvd_adaptive.algorithms.sync:Sync",
+    "auto": "hvd_adaptive.algorithms.auto:Auto",
     "local": "hvd_adaptive.algorithms.averaging:LocalSGD",
     "sma": "hvd_adaptive.algorithms.averaging:SMA",
     "adaptive": "hvd_adaptive.algorithms.adaptive:Adaptive",

@@ -150,9 +150,12 @@ class Adaptive(Algorithm):
                 "weights": self.weights.tolist(), "warmup": self.warm}
 
     def state_dict(self) -> dict:
+        return {**super().state_dict(), **self.own_state()}
+
+    def own_state(self) -> dict:
         # Batch sizes, shares and weights come from the allgathered timings and the block
         # momentum buffers from the merged model: identical on every rank.
-        d = {**super().state_dict(), "adaptive.sizes": self.sizes.copy(),
+        d = {"adaptive.sizes": self.sizes.copy(),
              "adaptive.p": self.shares.copy(),  # "p": the checkpoint key predates the name
              "adaptive.weights": self.weights.copy(), "adaptive.speed": self.speed.copy(),
              "adaptive.warm": bool(self.warm),
@@ -164,6 +167,10 @@ class Adaptive(Algorithm):
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
+        self.load_own(d)
+
+    def load_own(self, d: dict) -> None:
+        """Adaptive SGD's own part of a checkpoint (after the model and optimizer)."""
         n = self.cluster.size
         self.warm = bool(d["adaptive.warm"])
         # Another rank count: every rank restarts from the common batch size, equal shares.

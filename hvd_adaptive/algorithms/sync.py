@@ -10,8 +10,18 @@ before the allreduce separates waiting for the slowest rank from the transfer it
 partition "equal": every rank takes train.batch_size rows a step. partition "proportional"
 (LB-BSP): the global batch is split so that every rank's local computation takes equally long,
 from per-row and per-step times measured in the training steps themselves and re-measured
-every window (blended by `sync.smoothing`); each rank's gradient is weighted by its share of the rows, so
-the summed gradient is the mean over the global batch whatever the split.
+every window (blended by `sync.smoothing`, kept while within `sync.deadband`); each rank's
+gradient is weighted by its share of the rows, so the summed gradient is the mean over the
+global batch whatever the split.
+
+`sync.shard_update` (on in `auto`'s gradient windows): the dense output layer's gradient is
+reduce-scattered instead of allreduced, each rank applies the optimizer to its slice of rows
+of the layer with its slice of the optimizer state, and the slices are allgathered. Every
+rank then does 1/n of the largest per-step cost instead of all of it, for the same bytes moved
+(a reduce-scatter and an allgather are an allreduce's two halves); a slow rank's update shrinks
+with it, and the proportional split gives the time saved back as rows.
+
+`auto` (the recommended mode, algorithms/auto.py) aggregates gradients with both.
 """
 from __future__ import annotations
 
@@ -20,17 +30,18 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
-from hvd_adaptive.balance import balanced_partition
+from hvd_adaptive.balance import balanced_partition, keep_within_deadband
 from hvd_adaptive.distributed import allgather, broadcast_variables
-from hvd_adaptive.model import BATCH_SIGNATURE
+from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer
 
 
 class Sync(Algorithm):
     name = "sync"
     optimizer_differs_by_rank = False  # every rank applies the same summed update
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, partition: str = "", shard_update: bool = False):
         super().__init__(ctx)
+        self.partition = partition or self.cfg.sync.partition
         n = self.cluster.size
         self.global_batch = self.cfg.train.batch_size * n
         self.sizes = np.full(n, self.cfg.train.batch_size, np.int64)
@@ -65,10 +76,17 @@ class Sync(Algorithm):
 
         @tf.function(reduce_retracing=True, autograph=False)
         def update(grads):
-            self.opt.apply(grads, self.variables)
+            if self.sharded:  # decided when traced: this rank's slice of the sharded layer
+                self.sharded.apply(grads)
+            else:
+                self.opt.apply(grads, self.variables)
             return tf.constant(0.0)
 
         self._gradient, self._allreduce, self._update = gradient, allreduce, update
+        # The dense output layer (full softmax) is the one sharded; sampled layers are row-sparse.
+        self.sharded = None
+        if (shard_update or self.cfg.sync.shard_update) and n > 1 and not self.model.sampled:
+            self.sharded = ShardedUpdate(self, len(self.variables) - 2)
 
     def step_functions(self) -> list:
         return [self._local_step, self._gradient]
@@ -77,6 +95,8 @@ class Sync(Algorithm):
         # Horovod: start every replica from rank 0's weights so they stay identical.
         broadcast_variables(self.variables)
         broadcast_variables(self.opt.slot_variables())
+        if self.sharded:
+            self.sharded.setup()
 
     def trace(self) -> None:
         super().trace()
@@ -87,7 +107,12 @@ class Sync(Algorithm):
             for size in (8, 16):
                 rows = np.arange(min(size, self.ctx.train.n_rows))
                 _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
-                self._update(self._allreduce(grads))
+                if self.sharded:
+                    self.sharded.finish(self._update(self.sharded.reduce(grads)))
+                else:
+                    self._update(self._allreduce(grads))
+        if self.sharded:  # the traced steps moved the shard: take it back from the full layer
+            self.sharded.reshard()
 
     def step(self, rows: np.ndarray, share: float, stats: RoundStats) -> None:
         """One synchronous step on this rank's `rows`, `share` of the global batch."""
@@ -95,9 +120,13 @@ class Sync(Algorithm):
         (loss, grads), t_grad = self.hetero.compute(self._gradient, *batch, tf.constant(share, tf.float32))
         self.cluster.comm.Barrier()  # waiting for the slowest rank is not counted as transfer
         with stats.timed("comm_s"):
-            summed = self._allreduce(grads)
+            summed = self.sharded.reduce(grads) if self.sharded else self._allreduce(grads)
             _ready(summed[-1])  # the allreduce has finished once its results are readable
         _, t_upd = self.hetero.compute(self._update, summed)
+        if self.sharded:
+            self.cluster.comm.Barrier()  # the slices are gathered once every rank updated its own
+            with stats.timed("comm_s"):
+                self.sharded.finish()
         stats.add_step(len(rows), float(loss), t_grad + t_upd)
         stats.extra["grad_s"] = stats.extra.get("grad_s", 0.0) + t_grad
         stats.extra["update_s"] = stats.extra.get("update_s", 0.0) + t_upd
@@ -114,7 +143,7 @@ class Sync(Algorithm):
             off = np.concatenate([[0], np.cumsum(sizes)])
             self.step(w.perm[pos + off[r]: pos + off[r + 1]], float(sizes[r] / take), stats)
         stats.weight = float(self.sizes[r] / step_total)
-        if self.cfg.sync.partition == "proportional":
+        if self.partition == "proportional":
             self._repartition(stats)
         return stats
 
@@ -127,18 +156,38 @@ class Sync(Algorithm):
         keep = self.cfg.sync.smoothing if self.per_row.any() else 0.0
         self.per_row = keep * self.per_row + (1 - keep) * costs[:, 0]
         self.per_step = keep * self.per_step + (1 - keep) * costs[:, 1]
-        self.sizes = balanced_partition(self.global_batch, self.per_row, self.per_step,
-                                        self.cfg.sync.min_batch)
+        new = balanced_partition(self.global_batch, self.per_row, self.per_step,
+                                 self.cfg.sync.min_batch)
+        self.sizes = keep_within_deadband(self.sizes, new, self.cfg.sync.deadband * self.cfg.train.batch_size)
 
     def state(self) -> dict:
         return {"batch_sizes": self.sizes.tolist()}
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "sync.sizes": self.sizes.copy(),
-                "sync.per_row": self.per_row.copy(), "sync.per_step": self.per_step.copy()}
+        if self.sharded:  # the saved optimizer state is whole, as plain sync's (every rank)
+            self.sharded.gather_state()
+        return {**super().state_dict(), **self.own_state()}
+
+    def own_state(self) -> dict:
+        return {"sync.sizes": self.sizes.copy(), "sync.per_row": self.per_row.copy(),
+                "sync.per_step": self.per_step.copy()}
+
+    def on_calibrated(self, rates: list) -> None:
+        """The proportional split starts from the ranks' standalone rows/s (measured before the
+        clock starts), so the first window is balanced too; the windows' own timings refine it."""
+        if self.partition == "proportional" and not self.per_row.any():
+            self.per_row = 1.0 / np.maximum(np.asarray(rates, dtype=float), 1e-9)
+            self.sizes = balanced_partition(self.global_batch, self.per_row, self.per_step,
+                                            self.cfg.sync.min_batch)
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
+        self.load_own(d)
+
+    def load_own(self, d: dict) -> None:
+        """Sync's own part of a checkpoint (after the model and optimizer are restored)."""
+        if self.sharded:
+            self.sharded.reshard()
         n = self.cluster.size
         self.sizes = self.per_rank(d, "sync.sizes", np.full(n, self.cfg.train.batch_size, np.int64))
         self.per_row = self.per_rank(d, "sync.per_row", np.zeros(n))
@@ -148,3 +197,79 @@ class Sync(Algorithm):
 def _ready(t) -> None:
     """Waits until a tensor is computed (kernels may run asynchronously on a GPU)."""
     (t.values if isinstance(t, tf.IndexedSlices) else t).numpy()
+
+
+class ShardedUpdate:
+    """The dense output layer's update spread over the ranks (sync.shard_update).
+
+    Horovod's reduce-scatter splits the layer's rows (hidden units) evenly over the ranks; rank
+    r keeps its rows [lo, hi) of the layer and of its optimizer state in variables of its own,
+    updated by an optimizer of the same kind. `reduce` replaces the layer's gradient by this
+    rank's summed slice (the rest is allreduced as in sync), the sync update then applies the
+    slice (`_update` calls `apply`), and `finish` allgathers the slices into the whole layer.
+    The whole layer's optimizer state is stale during training: `gather_state` fills it for a
+    checkpoint, `reshard` takes the slice back from it (after tracing, on resume).
+    """
+
+    def __init__(self, algo: Sync, index: int):
+        import horovod.tensorflow as hvd
+
+        self.algo, self.index = algo, index
+        self.full = algo.variables[index]
+        self.full_slots = algo.opt.slots[index]
+        rows = int(self.full.shape[0])
+        # Which rows Horovod's reduce-scatter gives this rank: scatter the row numbers once.
+        got = hvd.reducescatter(tf.range(rows, dtype=tf.float64)[:, None], op=hvd.Average,
+                                name="shard_rows").numpy()[:, 0].astype(np.int64)
+        self.lo, self.hi = int(got[0]), int(got[-1]) + 1
+        if not np.array_equal(got, np.arange(self.lo, self.hi)):
+            raise RuntimeError(f"reduce-scatter gave rows {got.tolist()}: not one contiguous block")
+        self.part = tf.Variable(self.full[self.lo:self.hi], trainable=False, name="shard")
+        self.opt = Optimizer([self.part], algo.cfg.optim)
+
+        @tf.function(reduce_retracing=True, autograph=False)
+        def reduce(grads):
+            grads = list(grads)
+            # Horovod: the sharded layer's gradient is summed and scattered (each rank gets its
+            # rows); everything else is summed whole as in sync.
+            part = hvd.reducescatter(grads[index], op=hvd.Sum, name="shard_gradient")
+            rest = algo._allreduce([g for i, g in enumerate(grads) if i != index])
+            return [*rest[:index], part, *rest[index:]]
+
+        @tf.function(autograph=False)
+        def gather():
+            # Horovod: every rank's updated rows, concatenated in rank order = the whole layer.
+            self.full.assign(hvd.allgather(self.part, name="shard_gather"))
+            return tf.constant(0.0)
+
+        self.reduce, self._gather = reduce, gather
+
+    def apply(self, grads) -> None:
+        """The optimizer step: the whole update for every other variable, this rank's rows for
+        the sharded layer (whose gradient `reduce` made this rank's slice)."""
+        grads = list(grads)
+        part, grads[self.index] = grads[self.index], None
+        self.algo.opt.apply(grads, self.algo.variables)
+        self.opt.lr.assign(self.algo.opt.lr)
+        self.opt.apply([part], [self.part])
+
+    def setup(self) -> None:
+        self.reshard()
+        self._gather()  # pays Horovod's first allgather before the clock starts
+
+    def finish(self, *_) -> None:
+        self._gather()
+
+    def reshard(self) -> None:
+        """This rank's slice of the layer and of its optimizer state, from the whole ones."""
+        self.part.assign(self.full[self.lo:self.hi])
+        for mine, whole in zip(self.opt.slots[0], self.full_slots):
+            mine.assign(whole[self.lo:self.hi])
+        self.opt.t.assign(self.algo.opt.t)
+
+    def gather_state(self) -> None:
+        """Fills the whole layer's optimizer state from every rank's slice (collective)."""
+        import horovod.tensorflow as hvd
+
+        for i, (mine, whole) in enumerate(zip(self.opt.slots[0], self.full_slots)):
+            whole.assign(hvd.allgather(mine, name=f"shard_state_{i}"))

@@ -1,12 +1,17 @@
 """Run under mpirun: sync SGD on N ranks equals one-process SGD on the same global batches,
 and distributed evaluation equals a one-process evaluation of the same model.
 
-Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py equal|proportional
+Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py equal|proportional|auto [OPTIMIZER]
 
 The ranks train one epoch of the tiny config with the real Sync algorithm (rank 1 slowed 3x, so
-that the proportional partition splits every step unevenly). Rank 0 then replays the epoch in
-one process: for every step the same global batch (the same rows of the epoch's permutation),
-the mean loss over it, the same optimizer. Weights must agree within float tolerance.
+that the proportional partition splits every step unevenly); `auto` is sync with that partition
+and the sharded update of the output layer (each rank updates its rows of the layer and of the
+optimizer state). Rank 0 then replays the epoch in one process: for every step the same global
+batch (the same rows of the epoch's permutation), the mean loss over it, the same optimizer
+(plain SGD, or OPTIMIZER, e.g. adagrad, whose state must follow). Weights must agree within
+float tolerance. Under the proportional partition every window's split must be the rule's
+(balance.balanced_partition of the smoothed per-row and per-step costs, kept within the
+deadband) computed from the allgathered figures of the window's round records.
 Exit code 0 means every check held.
 """
 import sys
@@ -14,14 +19,19 @@ import sys
 import numpy as np
 
 from hvd_adaptive import distributed
+from hvd_adaptive.balance import balanced_partition, keep_within_deadband
 from hvd_adaptive.config import load_config
 
 
 def main() -> int:
     partition = sys.argv[1]
+    optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
+    lr = {"sgd": 0.5, "adagrad": 0.1}[optimizer]
+    algorithm = ["train.algorithm=auto"] if partition == "auto" else [
+        "train.algorithm=sync", f"sync.partition={partition}"]
     cfg, _ = load_config("configs/tiny.yaml", [
-        "train.algorithm=sync", f"sync.partition={partition}", "train.epochs=1",
-        "hetero.slowdown={1: 3.0}", "optim.name=sgd", "optim.lr=0.5"])
+        *algorithm, "train.epochs=1", "hetero.slowdown={1: 3.0}", f"optim.name={optimizer}",
+        f"optim.lr={lr}"])
     c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms.base import chunks
@@ -34,9 +44,27 @@ def main() -> int:
     train, test = load_data(cfg, c)
     algo = build(cfg, c, train)  # Sync: train.algorithm=sync
     model = algo.model
-    splits = []
+    splits, expected, got = [], [], []
+    per_row = per_step = None
     while (stats := algo.run_round()) is not None:
         splits.append(c.comm.allgather(stats.samples))
+        if algo.partition == "proportional":
+            # The rule, from the round's own allgathered figures.
+            figs = np.array(c.comm.allgather((stats.extra["grad_s"], stats.samples,
+                                              stats.extra["update_s"], stats.batches)))
+            row, step = figs[:, 0] / figs[:, 1], figs[:, 2] / np.maximum(figs[:, 3], 1)
+            keep = cfg.sync.smoothing if per_row is not None else 0.0
+            per_row = row if per_row is None else keep * per_row + (1 - keep) * row
+            per_step = step if per_step is None else keep * per_step + (1 - keep) * step
+            want = balanced_partition(cfg.train.batch_size * c.size, per_row, per_step,
+                                      cfg.sync.min_batch)
+            before = np.array(got[-1] if got else [cfg.train.batch_size] * c.size)
+            expected.append(keep_within_deadband(before, want, cfg.sync.deadband * cfg.train.batch_size))
+            got.append(algo.sizes.copy())
+    if algo.partition == "proportional":
+        np.testing.assert_array_equal(np.array(got), np.array(expected))
+    if partition == "auto":
+        assert algo.sharded is not None and algo.sharded.hi - algo.sharded.lo < model.layers[-1].shape[0]
     mine = [v.numpy() for v in model.variables_list]
     everyone = c.comm.gather(mine, root=0)
 
@@ -50,7 +78,7 @@ def main() -> int:
         for other in everyone[1:]:  # replicas identical
             for a, b in zip(everyone[0], other):
                 np.testing.assert_array_equal(a, b)
-        if partition == "proportional":
+        if partition != "equal":
             late = np.array(splits[1:]).sum(axis=0)
             assert late[0] > 1.5 * late[1], f"the split never favoured the fast rank: {splits}"
         # One process, the same global batches.
@@ -80,7 +108,8 @@ def main() -> int:
             want = finalize({k: sums[k] for k in ["rows", *METRIC_NAMES]})
             for k in METRIC_NAMES:
                 assert abs(got[k] - want[k]) < 1e-9, (rows, k, got[k], want[k])
-        print(f"sync equivalence ok ({partition}): {len(splits)} windows, rows per rank {splits[-2]}")
+        print(f"sync equivalence ok ({partition}, {optimizer}): {len(splits)} windows, rows per rank "
+              f"{splits[-2]}")
     distributed.shutdown()
     return 0
 
