@@ -3,6 +3,11 @@
 Precedence: `--set section.key=value` overrides win over the YAML file, which wins over the
 defaults below. Unknown keys and bad values raise ConfigError naming the key's full path.
 The resolved config is written to the run folder as `config.json`.
+
+This module is the ground floor: it imports nothing else of hvd_adaptive. Names that live in
+registries above it are checked where the registries live, before MPI and TensorFlow start
+(run.check_inputs): train.algorithm by hvd_adaptive.algorithms, data.synth.preset by
+hvd_adaptive.data.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ class SynthConfig:
     """Synthetic data, used when data.train is "synthetic"."""
 
     preset: str = "amazon670k"
-    """Shape to imitate: amazon670k, delicious200k or eurlex4k."""
+    """Shape to imitate: amazon670k, delicious200k or eurlex4k (data.PRESETS, which checks it)."""
     scale: float = 0.01
     """Multiplies the preset's rows and labels (features are kept)."""
     n_train: Optional[int] = None
@@ -44,10 +49,6 @@ class SynthConfig:
     """Generator seed (every rank generates the same data from it)."""
 
     def validate(self, path: str) -> None:
-        from hvd_adaptive.data import PRESETS
-
-        if self.preset not in PRESETS:
-            raise ConfigError(f"{path}.preset: unknown preset {self.preset!r}; known: {sorted(PRESETS)}")
         _positive(self, path, "scale", "n_train", "n_test", "n_features", "n_labels", "nnz_mean",
                   "labels_mean")
 
@@ -131,7 +132,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     algorithm: str = "sync"
-    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS; see docs/algorithms.md."""
+    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS (which checks it);
+    see docs/algorithms.md."""
     epochs: float = 3.0
     """Passes over the training set (fractions allowed)."""
     batch_size: int = 256
@@ -158,10 +160,6 @@ class TrainConfig:
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
 
     def validate(self, path: str) -> None:
-        from hvd_adaptive.algorithms import ALGORITHMS  # the registry; imports no TensorFlow
-
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"{path}.algorithm: must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
                   "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb")
 
