@@ -269,7 +269,7 @@ class Algorithm:
         if w is None:
             return None
         t0, slept = time.perf_counter(), self.hetero.injected_s
-        self.model.clear_touched()  # rows this window trains (not calibration's or warm-up's)
+        self.model.touched.clear()  # rows this window trains (not calibration's or warm-up's)
         stats = self.train_window(w)
         stats.close(time.perf_counter() - t0, self.hetero.injected_s - slept)
         return stats
