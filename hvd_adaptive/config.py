@@ -2,7 +2,8 @@
 
 Precedence: `--set section.key=value` overrides win over the YAML file, which wins over the
 defaults below. Unknown keys and bad values raise ConfigError naming the key's full path.
-The resolved config is written to the run folder as `config.json`.
+The config as the run uses it (`resolve`: every None that stands for a value derived from
+another filled in) is written to the run folder as `config.json`.
 
 This module is the ground floor: it imports nothing else of hvd_adaptive. Names that live in
 registries above it are checked where the registries live, before MPI and TensorFlow start
@@ -487,6 +488,31 @@ def load_config(path: Optional[str | Path] = None, overrides: tuple[str, ...] | 
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path else str(e)) from None
     return cfg, extras
+
+
+def resolve(cfg: Config, threads: int) -> Config:
+    """The config as the run uses it: each value whose None means "derived from another" is set.
+
+    Resolved once at start (run.py), so the algorithms and config.json see the same values:
+    train.threads, hogbatch.cpu_threads, the batch bounds adaptive.b_max / b_min and
+    hogbatch.gpu_batch / b_max / b_min (b_min never above b_max, as the algorithms use it), and
+    hogbatch.round_epochs. Nones that mean "none" (no time budget, all test rows) stay.
+
+    Args:
+        threads: TensorFlow threads this rank gets when train.threads is None
+            (distributed.default_threads: its node's cores / ranks on the node).
+    """
+    t, a, h = cfg.train, cfg.adaptive, cfg.hogbatch
+    threads = t.threads or threads
+    a_max = a.b_max or t.batch_size
+    gpu = h.gpu_batch or t.batch_size
+    h_max = h.b_max or 8 * gpu
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(t, threads=threads),
+        adaptive=dataclasses.replace(a, b_max=a_max, b_min=min(a.b_min, a_max)),
+        hogbatch=dataclasses.replace(h, cpu_threads=h.cpu_threads or threads, gpu_batch=gpu,
+                                     b_max=h_max, b_min=min(h.b_min, h_max),
+                                     round_epochs=h.round_epochs or t.eval_every))
 
 
 def config_from_dict(raw: dict) -> Config:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hvd_adaptive.config import Config
+from hvd_adaptive.config import Config, resolve
 
 
 def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> int:
@@ -33,6 +33,8 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
 
     # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
     cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
+    # What the run uses from here on, and what config.json says: no None left to resolve.
+    cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
     with distributed.fail_fast(cluster):
         # Every rank must write to the same folder: rank 0 names it, the others receive it.
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -28,6 +28,9 @@ def test_train_on_files_written_by_data_synth(tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["ranks"] == 1 and s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.1
     assert (tmp_path / "d" / "train.txt.hvdcache" / "meta.json").is_file()  # parsed once, cached
+    used = json.loads((run / "config.json").read_text())  # what the run used, not None
+    assert used["train"]["threads"] >= 1 and used["hogbatch"]["cpu_threads"] == used["train"]["threads"]
+    assert used["adaptive"]["b_max"] == used["hogbatch"]["gpu_batch"] == 64  # tiny's batch size
     assert "eval  epoch" in p.stdout and "done: P@1" in p.stdout
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config
+from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config, resolve
 
 
 def write(tmp_path, text):
@@ -122,3 +122,27 @@ print(sorted(m for m in sys.modules if m.startswith("hvd_adaptive.")),
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "['hvd_adaptive.config'] []", p.stdout
+
+
+def test_resolve_fills_every_value_derived_from_another():
+    # Defaults: adaptive.b_min 32 and hogbatch.b_min 16; a batch of 16 puts adaptive's b_max
+    # (train.batch_size) under its b_min, which the algorithm then lowers to b_max.
+    cfg, _ = load_config(None, ["train.batch_size=16", "train.eval_every=0.25"])
+    r = resolve(cfg, threads=3)
+    assert (r.train.threads, r.hogbatch.cpu_threads) == (3, 3)
+    assert (r.adaptive.b_max, r.adaptive.b_min) == (16, 16)
+    assert (r.hogbatch.gpu_batch, r.hogbatch.b_max, r.hogbatch.b_min) == (16, 8 * 16, 16)
+    assert r.hogbatch.round_epochs == 0.25
+    assert config_from_dict(json.loads(json.dumps(r.to_dict()))) == r  # config.json reads back
+    assert r.train.time_budget_s is None and r.train.eval_rows is None  # None meaning "none" stays
+
+
+def test_resolve_keeps_values_that_were_given():
+    cfg, _ = load_config(None, ["train.threads=2", "hogbatch.cpu_threads=1", "adaptive.b_max=512",
+                                "hogbatch.gpu_batch=64", "hogbatch.b_max=100", "hogbatch.round_epochs=1"])
+    r = resolve(cfg, threads=3)
+    assert (r.train.threads, r.hogbatch.cpu_threads, r.adaptive.b_max, r.adaptive.b_min) == (2, 1, 512, 32)
+    assert (r.hogbatch.gpu_batch, r.hogbatch.b_max, r.hogbatch.round_epochs) == (64, 100, 1.0)
+    assert resolve(r, threads=5) == r
+    cfg, _ = load_config(None, ["train.threads=2"])
+    assert resolve(cfg, threads=3).hogbatch.cpu_threads == 2  # as train.threads
