@@ -117,3 +117,17 @@ def test_adaptive_merge_follows_its_rule_window_by_window(mode, ranks):
     p = mpirun(ranks, ["tests/parallel/check_merge.py", mode], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"merge ok ({mode})" in p.stdout
+
+
+@pytest.mark.mpi
+def test_the_algorithm_hears_each_evaluations_weight_norm(tmp_path):
+    # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
+    # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.
+    from hvd_adaptive import checkpoint as ck
+
+    run = tmp_path / "run"
+    train(1, run, "train.algorithm=adaptive", "adaptive.norm_mode=grow", "train.epochs=2",
+          "train.eval_every=1")
+    state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])
+    last = records(run, "eval")[-1]
+    assert last["epoch"] == 2.0 and state["adaptive.prev_norm"] == pytest.approx(last["weight_norm"], abs=1e-4)
