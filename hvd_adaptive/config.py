@@ -2,7 +2,13 @@
 
 Precedence: `--set section.key=value` overrides win over the YAML file, which wins over the
 defaults below. Unknown keys and bad values raise ConfigError naming the key's full path.
-The resolved config is written to the run folder as `config.json`.
+The config as the run uses it (`resolve`: every None that stands for a value derived from
+another filled in) is written to the run folder as `config.json`.
+
+This module is the ground floor: it imports nothing else of hvd_adaptive. Names that live in
+registries above it are checked where the registries live, before MPI and TensorFlow start
+(run.check_inputs): train.algorithm by hvd_adaptive.algorithms, data.synth.preset by
+hvd_adaptive.data.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ class SynthConfig:
     """Synthetic data, used when data.train is "synthetic"."""
 
     preset: str = "amazon670k"
-    """Shape to imitate: amazon670k, delicious200k or eurlex4k."""
+    """Shape to imitate: amazon670k, delicious200k or eurlex4k (data.PRESETS, which checks it)."""
     scale: float = 0.01
     """Multiplies the preset's rows and labels (features are kept)."""
     n_train: Optional[int] = None
@@ -44,10 +50,6 @@ class SynthConfig:
     """Generator seed (every rank generates the same data from it)."""
 
     def validate(self, path: str) -> None:
-        from hvd_adaptive.data import PRESETS
-
-        if self.preset not in PRESETS:
-            raise ConfigError(f"{path}.preset: unknown preset {self.preset!r}; known: {sorted(PRESETS)}")
         _positive(self, path, "scale", "n_train", "n_test", "n_features", "n_labels", "nnz_mean",
                   "labels_mean")
 
@@ -131,7 +133,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     algorithm: str = "sync"
-    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS; see docs/algorithms.md."""
+    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS (which checks it);
+    see docs/algorithms.md."""
     epochs: float = 3.0
     """Passes over the training set (fractions allowed)."""
     batch_size: int = 256
@@ -158,10 +161,6 @@ class TrainConfig:
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
 
     def validate(self, path: str) -> None:
-        from hvd_adaptive.algorithms import ALGORITHMS  # the registry; imports no TensorFlow
-
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"{path}.algorithm: must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
                   "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb")
 
@@ -550,6 +549,31 @@ def load_config(path: Optional[str | Path] = None, overrides: tuple[str, ...] | 
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}" if path else str(e)) from None
     return cfg, extras
+
+
+def resolve(cfg: Config, threads: int) -> Config:
+    """The config as the run uses it: each value whose None means "derived from another" is set.
+
+    Resolved once at start (run.py), so the algorithms and config.json see the same values:
+    train.threads, hogbatch.cpu_threads, the batch bounds adaptive.b_max / b_min and
+    hogbatch.gpu_batch / b_max / b_min (b_min never above b_max, as the algorithms use it), and
+    hogbatch.round_epochs. Nones that mean "none" (no time budget, all test rows) stay.
+
+    Args:
+        threads: TensorFlow threads this rank gets when train.threads is None
+            (distributed.default_threads: its node's cores / ranks on the node).
+    """
+    t, a, h = cfg.train, cfg.adaptive, cfg.hogbatch
+    threads = t.threads or threads
+    a_max = a.b_max or t.batch_size
+    gpu = h.gpu_batch or t.batch_size
+    h_max = h.b_max or 8 * gpu
+    return dataclasses.replace(
+        cfg, train=dataclasses.replace(t, threads=threads),
+        adaptive=dataclasses.replace(a, b_max=a_max, b_min=min(a.b_min, a_max)),
+        hogbatch=dataclasses.replace(h, cpu_threads=h.cpu_threads or threads, gpu_batch=gpu,
+                                     b_max=h_max, b_min=min(h.b_min, h_max),
+                                     round_epochs=h.round_epochs or t.eval_every))
 
 
 def config_from_dict(raw: dict) -> Config:

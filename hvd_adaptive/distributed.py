@@ -88,14 +88,20 @@ def init(threads: Optional[int] = None,
             f"Horovod sees {hvd.size()} ranks but MPI sees {comm.Get_size()}: launch with MPI "
             "(mpirun, srun --mpi=pmix, or horovodrun without --gloo)")
     local_size = hvd.local_size()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    n_threads = threads or max(1, (cores or 1) // local_size)
+    n_threads = threads or default_threads(local_size)
     # Thread pools must be sized before TensorFlow creates its context (first op).
     tf.config.threading.set_intra_op_parallelism_threads(n_threads)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, n_threads))
     device = _pick_gpu(tf, hvd.local_rank()) or "/CPU:0"
     return Cluster(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=local_size, device=device, threads=n_threads, comm=comm)
+
+
+def default_threads(local_size: int) -> int:
+    """TensorFlow threads of a rank that asks for none: this node's cores / ranks on the node, so
+    ranks sharing a node do not oversubscribe it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // local_size)
 
 
 def require_thread_level(granted: int, MPI) -> None:

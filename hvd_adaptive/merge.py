@@ -87,13 +87,14 @@ class Merge:
 
         items = [(j, v, m, norm) for j, (v, m, norm) in enumerate(self.items)
                  if with_dense or (sparse and m is not None)]
-        rows_spec = tf.TensorSpec([None], tf.int64)
-        flag_spec = tf.TensorSpec([None], tf.float32)
+        # Per mask of model.touched: the rows that travel and whether this rank touched each.
+        n = len(self.model.touched)
+        signature = ((tf.TensorSpec([None], tf.int64),) * n + (tf.TensorSpec([None], tf.float32),) * n
+                     + (tf.TensorSpec([], tf.float32),))
 
-        @tf.function(input_signature=(rows_spec, rows_spec, flag_spec, flag_spec,
-                                      tf.TensorSpec([], tf.float32)), autograph=False)
-        def merge(rows_in, rows_out, mine_in, mine_out, weight):
-            rows, mine = (rows_in, rows_out), (mine_in, mine_out)
+        @tf.function(input_signature=signature, autograph=False)
+        def merge(*args):
+            rows, mine, weight = args[:n], args[n:2 * n], args[2 * n]
             sent, shares = [], {}
             for j, v, m, norm in items:
                 x = tf.gather(v, rows[m]) if (sparse and m is not None) else tf.identity(v)
@@ -143,9 +144,9 @@ class Merge:
         each window's start (Algorithm.run_round), not here."""
         from mpi4py import MPI
 
-        touched = [t.numpy() for t in self.model.touched]
-        rows: list = [np.zeros(0, np.int64), np.zeros(0, np.int64)]
-        mine: list = [np.zeros(0, np.float32), np.zeros(0, np.float32)]
+        touched = self.model.touched.numpy()
+        rows: list = [np.zeros(0, np.int64) for _ in touched]  # masks no variable uses stay empty
+        mine: list = [np.zeros(0, np.float32) for _ in touched]
         for m in self.used_masks:
             if self.cfg.sparse:
                 packed = np.packbits(touched[m])
@@ -160,8 +161,7 @@ class Merge:
         split_mine = [np.array_split(x, pieces) for x in mine]
         for k in range(pieces):
             step = self._merge_first if k == 0 else self._merge_rows
-            step(tf.constant(split_rows[0][k]), tf.constant(split_rows[1][k]),
-                 tf.constant(split_mine[0][k]), tf.constant(split_mine[1][k]),
+            step(*(tf.constant(r[k]) for r in split_rows), *(tf.constant(x[k]) for x in split_mine),
                  tf.constant(weight, tf.float32))
         self.last_pieces = pieces
         self.last_bytes = self._bytes(rows)
@@ -176,7 +176,7 @@ class Merge:
 
     def _row_values(self, rows: list) -> int:
         """Values of the masked variables' rows one rank sends (all rows when not sparse)."""
-        return sum((len(rows[m]) if self.cfg.sparse else int(self.model.touched[m].shape[0]))
+        return sum((len(rows[m]) if self.cfg.sparse else self.model.touched.sizes[m])
                    * self.row_values[m] for m in self.used_masks)
 
     def _bytes(self, rows: list) -> int:

@@ -33,6 +33,46 @@ def batch_tensors(b: Batch) -> tuple:
             tf.constant(b.size, tf.int32))
 
 
+class TouchedRows(tf.Module):
+    """Which rows of the row-sparse variables this rank's training reached since the last clear.
+
+    A contract between three parts, named and owned here: the model's loss marks the rows its
+    gradient reaches (`mark`), every window's start clears them (`clear`, in
+    Algorithm.run_round, so that calibration and warm-up steps do not count), and the sparse
+    merge reads them (`numpy`) to agree on the union of rows that travel. One boolean mask per
+    kind of row: FEATURES (rows of the input layer) and LABELS (rows of the output layer and
+    its bias under the sampled loss); SparseMLP.row_sparse says which mask indexes which
+    variable.
+    """
+
+    FEATURES, LABELS = 0, 1
+
+    def __init__(self, n_features: int, n_labels: int):
+        super().__init__(name="touched")
+        self.masks = (tf.Variable(tf.zeros([n_features], tf.bool), trainable=False, name="touched_in"),
+                      tf.Variable(tf.zeros([n_labels], tf.bool), trainable=False, name="touched_out"))
+
+    def __len__(self) -> int:
+        return len(self.masks)
+
+    @property
+    def sizes(self) -> list[int]:
+        """Rows of each mask (features, labels)."""
+        return [int(m.shape[0]) for m in self.masks]
+
+    def mark(self, kind: int, ids) -> None:
+        """Marks rows `ids` (a tensor; duplicates allowed) of mask `kind`; graph-safe."""
+        self.masks[kind].scatter_update(tf.IndexedSlices(tf.ones_like(ids, tf.bool), ids))
+
+    def clear(self) -> None:
+        for m in self.masks:
+            m.assign(tf.zeros_like(m))
+
+    def numpy(self) -> list[np.ndarray]:
+        """The masks as numpy bool arrays, in the order FEATURES, LABELS."""
+        return [m.numpy() for m in self.masks]
+
+
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
     lim = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-lim, lim, size=(fan_in, fan_out)).astype(np.float32)
@@ -48,9 +88,7 @@ class SparseMLP(tf.Module):
     keeps the dense kernel [hidden x labels]. Initial weights come from a numpy generator seeded by `cfg.init_seed`,
     so every rank builds the same model; the algorithms still broadcast rank 0's variables.
 
-    `touched` holds two masks, over features and over labels, that training steps mark (the
-    rows their gradient reaches); the sparse merge reads them, and every window's start clears
-    them (Algorithm.run_round).
+    `touched` (TouchedRows) holds the rows that training steps reached since the window began.
     """
 
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
@@ -72,8 +110,7 @@ class SparseMLP(tf.Module):
         self.biases = [tf.Variable(np.zeros(b, np.float32), name=f"b{i}")
                        for i, b in enumerate([*cfg.hidden, n_labels])]
         self.n_features, self.n_labels = n_features, n_labels
-        self.touched = (tf.Variable(tf.zeros([n_features], tf.bool), trainable=False, name="touched_in"),
-                        tf.Variable(tf.zeros([n_labels], tf.bool), trainable=False, name="touched_out"))
+        self.touched = TouchedRows(n_features, n_labels)
         if self.sampled and cfg.negatives >= n_labels:
             raise ConfigError(f"model.negatives: {cfg.negatives} negatives need more than "
                               f"{cfg.negatives} labels, the data has {n_labels}; lower it or use "
@@ -91,15 +128,11 @@ class SparseMLP(tf.Module):
 
     @property
     def row_sparse(self) -> list[Optional[int]]:
-        """Per variable of `variables_list`: which mask of `touched` indexes its rows (0 features,
-        1 labels), or None where every step changes it whole."""
-        out = 1 if self.sampled else None
-        return [0 if i == 0 else (out if i >= len(self.variables_list) - 2 else None)
+        """Per variable of `variables_list`: which mask of `touched` indexes its rows
+        (TouchedRows.FEATURES or LABELS), or None where every step changes it whole."""
+        out = TouchedRows.LABELS if self.sampled else None
+        return [TouchedRows.FEATURES if i == 0 else (out if i >= len(self.variables_list) - 2 else None)
                 for i in range(len(self.variables_list))]
-
-    def clear_touched(self) -> None:
-        for t in self.touched:
-            t.assign(tf.zeros_like(t))
 
     def hidden(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """The last hidden layer's activations, [rows x hidden]."""
@@ -136,14 +169,13 @@ class SparseMLP(tf.Module):
         rows the gradient reaches are marked in `touched`.
         """
         if training:
-            self.touched[0].scatter_update(
-                tf.IndexedSlices(tf.ones_like(feat_ids, tf.bool), feat_ids))
+            self.touched.mark(TouchedRows.FEATURES, feat_ids)
         if not self.sampled:
             z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
             return _softmax_xent(z, label_ids, label_seg, label_w, size)
         cand, corr, label_pos = self.candidates(label_ids)
         if training:
-            self.touched[1].scatter_update(tf.IndexedSlices(tf.ones_like(cand, tf.bool), cand))
+            self.touched.mark(TouchedRows.LABELS, cand)
         return self.candidate_loss(feat_ids, feat_vals, feat_seg, cand, corr, label_pos, label_seg,
                                    label_w, size, training)
 

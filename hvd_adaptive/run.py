@@ -2,9 +2,10 @@
 (`hvd-adaptive train` in cli.py, `hvd-adaptive sweep run` in sweep.py); and the local `mpirun`
 command that the benchmark and the tests start ranks with.
 
-Order matters: TensorFlow's start-up messages are silenced before anything imports TensorFlow,
-thread pools are sized before TensorFlow creates its context, and any rank's failure ends the
-whole job. Nothing heavy is imported at module level, so the CLI's other commands stay quick.
+Order matters: input errors that need neither MPI nor TensorFlow end the run first
+(`check_inputs`, on every rank, so a job under mpirun ends before its ranks meet), TensorFlow's
+start-up messages are silenced before anything imports TensorFlow, thread pools are sized
+before TensorFlow creates its context, and any rank's failure ends the whole job. Nothing heavy is imported at module level, so the CLI's other commands stay quick.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hvd_adaptive.config import Config
+from hvd_adaptive.config import Config, resolve
 
 
 def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> int:
@@ -25,12 +26,15 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
         run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
         verbose: keep TensorFlow's and absl's start-up messages on stderr.
     """
+    check_inputs(cfg)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
     from hvd_adaptive import distributed, trainer
     from hvd_adaptive.algorithms import worker_threads
 
     # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
     cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
+    # What the run uses from here on, and what config.json says: no None left to resolve.
+    cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
     with distributed.fail_fast(cluster):
         # Every rank must write to the same folder: rank 0 names it, the others receive it.
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -38,6 +42,23 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
         trainer.train(cfg, Path(name), cluster)
     distributed.shutdown()
     return 0
+
+
+def check_inputs(cfg: Config) -> None:
+    """The input errors a rank can see before MPI and TensorFlow start, each in one line.
+
+    The names that registries own (train.algorithm, data.synth.preset) and the data files'
+    existence; config.py checked the rest when the config was built.
+
+    Raises:
+        ConfigError: an unknown algorithm or synthetic preset.
+        DataError: a data file that does not exist.
+    """
+    from hvd_adaptive.algorithms import check_name
+    from hvd_adaptive.data import check_sources
+
+    check_name(cfg)
+    check_sources(cfg)
 
 
 def quiet_tensorflow(verbose: bool) -> None:

@@ -16,7 +16,8 @@ The section (every other key of the file is the base config shared by all points
 
 Point i trains into <root>/<config stem>/<name>, where the name spells out the point's values
 (`train.algorithm=sync,optim.lr=0.05,seed=0`). Every point's config is built and validated
-before anything starts, so a typo in the grid fails in the login shell, not in array element 7.
+(run.check_inputs included) before anything starts, so a typo in the grid fails in the login
+shell, not in array element 7.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hvd_adaptive.config import Config, ConfigError, load_config
+from hvd_adaptive.data import DataError
+from hvd_adaptive.run import check_inputs
 
 _SWEEP_KEYS = ("grid", "seeds")
 # Longest folder name we produce; most filesystems allow 255 bytes per path component.
@@ -159,7 +162,8 @@ def expand(config: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> l
             sets.append(f"train.seed={values[-1]}")
         try:
             cfg, _ = load_config(config, [*overrides, *sets], extra_sections=("sweep",))
-        except ConfigError as e:
+            check_inputs(cfg)
+        except (ConfigError, DataError) as e:
             raise ConfigError(f"sweep point {index} ({name}): {e}") from None
         points.append(SweepPoint(index, name, tuple(sets), cfg))
     return points

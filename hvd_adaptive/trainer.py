@@ -121,8 +121,8 @@ class Position:
 class Trainer:
     """The loop over rounds, with evaluation, checkpoints and the run's records around it."""
 
-    def __init__(self, cfg: Config, algo, test_ds: Dataset, log: RunLog, ckpt: Checkpointer,
-                 position: Position):
+    def __init__(self, cfg: Config, algo: algorithms.Algorithm, test_ds: Dataset, log: RunLog,
+                 ckpt: Checkpointer, position: Position):
         self.cfg, self.algo, self.cluster = cfg, algo, algo.cluster
         self.test_ds, self.log, self.ckpt, self.position = test_ds, log, ckpt, position
         train_ds = algo.ctx.train
@@ -196,9 +196,10 @@ class Trainer:
         if self.evaluator is None or self.evaluator.model is not model:
             self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
         m = self.evaluator(self.test_ds, self.cluster, self.cfg.train.eval_rows)
+        # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
+        # it too (Algorithm.on_eval: adaptive normalization follows its trend).
         norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
-        if hasattr(self.algo, "on_eval"):
-            self.algo.on_eval(norm)
+        self.algo.on_eval(norm)
         rec = dict(event="eval", wall_s=round(pos.wall, 4), epoch=round(progress, 4),
                    samples=int(pos.samples), **{k: round(v, 5) for k, v in m.items()},
                    weight_norm=round(norm, 4))

@@ -23,6 +23,7 @@ def test_chunks_cover_every_row_once_without_tiny_tails(total, size):
     # Three row-sparse gradients (input layer, output layer, output bias) in sync's allreduce.
     ("sync_sampled", ["train.algorithm=sync", "model.output=sampled", "model.negatives=20"]),
 ])
+@pytest.mark.mpi
 def test_each_algorithm_learns(tmp_path, name, sets):
     s = train(2, tmp_path / name, *sets)
     base = s["baseline_p_at_1"]
@@ -30,6 +31,7 @@ def test_each_algorithm_learns(tmp_path, name, sets):
     assert records(tmp_path / name, "round")[-1]["samples"] == 10 * 2000  # every row, every epoch
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("name", ["adaptive", "sync", "local", "sma", "hogbatch"])
 def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(name):
     p = mpirun(2, ["tests/parallel/check_scheduling.py", name], timeout=180)
@@ -56,6 +58,7 @@ def _balance_run(run, policy, *extra):
     return counts, sizes
 
 
+@pytest.mark.mpi
 def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
     # Fixed per-step costs (a third of a 256-row step here) put the balance point near batch
     # 64 for the slow rank. Windows of 8,192 rows hold ~25 batches a rank, so one batch more
@@ -77,6 +80,7 @@ def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
     assert abs(kept[0] - kept[1]) / kept.max() <= 0.15, (counts.tolist(), sizes)
 
 
+@pytest.mark.mpi
 def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
     # The papers' rule moves a batch by one step whenever the shares differ, so counts keep
     # oscillating by about a step around the balance point (docs/algorithms.md; near batch 64
@@ -89,6 +93,7 @@ def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
     assert np.mean(slow[-5:]) < 0.6 * np.mean([s[0] for s in sizes[-5:]]), sizes
 
 
+@pytest.mark.mpi
 def test_static_scheduler_follows_measured_speed(tmp_path):
     # Without one-sided MPI the window is split by the speeds measured in earlier windows:
     # with rank 1 slowed 2x (batch sizes pinned) the fast rank must take clearly more rows.
@@ -106,8 +111,23 @@ def test_static_scheduler_follows_measured_speed(tmp_path):
 @pytest.mark.parametrize("mode,ranks", [("plain", 2), ("row_norm", 3), ("momentum", 2),
                                         ("sampled", 3), ("dense_sampled", 2), ("float16", 2),
                                         ("chunked", 3)])
+@pytest.mark.mpi
 def test_adaptive_merge_follows_its_rule_window_by_window(mode, ranks):
     """Sparse and dense merges (on 2 and 3 real ranks) against the rule computed in numpy."""
     p = mpirun(ranks, ["tests/parallel/check_merge.py", mode], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"merge ok ({mode})" in p.stdout
+
+
+@pytest.mark.mpi
+def test_the_algorithm_hears_each_evaluations_weight_norm(tmp_path):
+    # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
+    # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.
+    from hvd_adaptive import checkpoint as ck
+
+    run = tmp_path / "run"
+    train(1, run, "train.algorithm=adaptive", "adaptive.norm_mode=grow", "train.epochs=2",
+          "train.eval_every=1")
+    state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])
+    last = records(run, "eval")[-1]
+    assert last["epoch"] == 2.0 and state["adaptive.prev_norm"] == pytest.approx(last["weight_norm"], abs=1e-4)

@@ -89,3 +89,37 @@ def test_partition_too_small():
 
 def test_split_evenly():
     assert balance.split_evenly(10, 3).tolist() == [0, 3, 6, 10]
+
+
+# ---- balanced_partition: sync's proportional partition (LB-BSP) --------------------------------
+# Rank i's step takes per_step[i] + per_row[i] * b_i; the split equalizes these. Each case
+# below is worked by hand and differs from what the per-row costs alone would give.
+
+def test_balanced_partition_per_step_cost_moves_rows_to_the_other_rank():
+    # Equal per-row costs; rank 1 pays 20 s more a step. T = (100 + 0 + 20) / 2 = 60, so
+    # b = (60 - 0, 60 - 20) = (60, 40): both steps take 60 s. Without the term: 50 / 50.
+    assert balance.balanced_partition(100, np.array([1.0, 1.0]), np.array([0.0, 20.0])).tolist() == [60, 40]
+    assert balance.balanced_partition(100, np.array([1.0, 1.0]), np.zeros(2)).tolist() == [50, 50]
+
+
+def test_balanced_partition_per_step_cost_with_unequal_per_row_costs():
+    # a = (1, 2), c = (10, 0), 90 rows: T = (90 + 10/1) / (1/1 + 1/2) = 66.67, b = (56.67, 33.33);
+    # with the minimum of 1 row each the split is 1 + 88 x (0.6296, 0.3704) = (56.41, 33.59),
+    # whose largest remainder takes the leftover row: (56, 34). The per-row costs alone give
+    # T = 60, b = (60, 30).
+    a = np.array([1.0, 2.0])
+    assert balance.balanced_partition(90, a, np.array([10.0, 0.0])).tolist() == [56, 34]
+    assert balance.balanced_partition(90, a, np.zeros(2)).tolist() == [60, 30]
+
+
+def test_balanced_partition_a_step_cost_beyond_the_batch_leaves_the_minimum():
+    # c = (0, 100) with 50 rows: T = (50 + 100) / 2 = 75, b = (75, -25); the negative share is
+    # cut to 0 and rank 1 keeps the minimum of 8 rows: (42, 8).
+    got = balance.balanced_partition(50, np.array([1.0, 1.0]), np.array([0.0, 100.0]), minimum=8)
+    assert got.tolist() == [42, 8]
+
+
+def test_balanced_partition_without_measurements_is_equal():
+    # The first window has no costs yet (per-row 0): an equal split, whatever per_step says.
+    got = balance.balanced_partition(10, np.zeros(3), np.array([5.0, 0.0, 0.0]))
+    assert got.tolist() == [4, 3, 3] and got.sum() == 10

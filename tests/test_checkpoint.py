@@ -183,6 +183,7 @@ def _check_continuous(run, summary):
     assert len(records(run, "resume")) == 1
 
 
+@pytest.mark.mpi
 def test_killed_rank_ends_the_job_and_resume_matches_uninterrupted(tmp_path, reference):
     _, ref = reference
     run = tmp_path / "run"
@@ -212,6 +213,7 @@ def test_killed_rank_ends_the_job_and_resume_matches_uninterrupted(tmp_path, ref
     assert s["final"]["p_at_1"] == ref["final"]["p_at_1"]
 
 
+@pytest.mark.mpi
 def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, reference):
     ref_run, ref = reference
     run = tmp_path / "run"

@@ -1,7 +1,10 @@
-"""The real CLI end to end: synthetic files on disk, training on them, the default config."""
+"""The real CLI end to end: synthetic files on disk, training on them, the default config; and
+the input errors it refuses before MPI and TensorFlow start."""
 import json
 import subprocess
 import sys
+
+import pytest
 
 from mpirun import REPO, mpi_env
 
@@ -11,6 +14,7 @@ def cli(*args, timeout=300):
                           env=mpi_env(), capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.mpi
 def test_train_on_files_written_by_data_synth(tmp_path):
     p = cli("data", "synth", "--preset", "eurlex4k", "--scale", "0.05", "--n-train", "1500",
             "--n-test", "300", "--n-features", "1000", "--n-labels", "60", "--out", str(tmp_path / "d"))
@@ -24,9 +28,13 @@ def test_train_on_files_written_by_data_synth(tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["ranks"] == 1 and s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.1
     assert (tmp_path / "d" / "train.txt.hvdcache" / "meta.json").is_file()  # parsed once, cached
+    used = json.loads((run / "config.json").read_text())  # what the run used, not None
+    assert used["train"]["threads"] >= 1 and used["hogbatch"]["cpu_threads"] == used["train"]["threads"]
+    assert used["adaptive"]["b_max"] == used["hogbatch"]["gpu_batch"] == 64  # tiny's batch size
     assert "eval  epoch" in p.stdout and "done: P@1" in p.stdout
 
 
+@pytest.mark.mpi
 def test_default_config_smoke(tmp_path):
     run = tmp_path / "default"
     p = cli("train", "--config", "configs/default.yaml", "--run-dir", str(run),
@@ -44,3 +52,22 @@ def test_bad_config_and_missing_file_are_one_clear_line(tmp_path):
     assert "Traceback" not in p.stderr
     p = cli("train", "--config", str(tmp_path / "nope.yaml"))
     assert p.returncode == 2 and "nope.yaml: config file not found" in p.stderr
+
+
+@pytest.mark.parametrize("sets, needle", [
+    (["train.algorithm=fastest"], "train.algorithm: must be one of ['sync', 'local', 'sma', "),
+    (["data.synth.preset=imagenet"], "data.synth.preset: unknown preset 'imagenet'; known: "),
+    (["data.train=/nonexistent/train.txt", "data.test=/nonexistent/test.txt"],
+     "/nonexistent/train.txt: data file not found (data.train)"),
+])
+def test_input_errors_end_train_before_mpi_and_tensorflow_start(sets, needle):
+    # A fresh interpreter (this one may have loaded TensorFlow for other tests) runs the CLI's
+    # main in one process. Under mpirun every rank stops the same way (tests/test_failures.py).
+    argv = ["train", "--config", "configs/tiny.yaml", *(a for s in sets for a in ("--set", s))]
+    code = ("import sys; from hvd_adaptive.cli import main; "
+            f"rc = main({argv!r}); "
+            "print(rc, 'mpi4py.MPI' in sys.modules, 'tensorflow' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert p.stdout.split() == ["2", "False", "False"], p.stdout + p.stderr[-3000:]
+    assert p.stderr.startswith("hvd-adaptive: error: ") and needle in p.stderr, p.stderr[-3000:]

@@ -3,6 +3,8 @@ import pytest
 
 from mpirun import mpirun
 
+pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
+
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_weighted_merge_and_counter(ranks):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config
+from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config, resolve
 
 
 def write(tmp_path, text):
@@ -39,13 +39,11 @@ def test_file_then_overrides_win(tmp_path):
     ("data:\n  synth:\n    scael: 2\n", "data.synth.scael: unknown key"),
     ("train:\n  batch_size: many\n", "train.batch_size: expected an integer"),
     ("train:\n  batch_size: -4\n", "train.batch_size: must be > 0"),
-    ("train:\n  algorithm: fastest\n", "train.algorithm: must be one of"),
     ("optim:\n  lr: true\n", "optim.lr: expected a number"),
     ("model:\n  hidden: []\n", "model.hidden"),
     ("hetero:\n  slowdown: {1: 0.5}\n", "hetero.slowdown"),
     ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
     ("data:\n  train: a.txt\n", "data: train and test must both be"),
-    ("data:\n  synth:\n    preset: imagenet\n", "data.synth.preset: unknown preset"),
     ("merge:\n  chunk_mb: -1\n", "merge.chunk_mb: must be >= 0"),
     ("- 1\n- 2\n", "top level must be a mapping"),
     ("train: [\n", "not valid YAML"),
@@ -107,3 +105,44 @@ for name, target in ALGORITHMS.items():
     p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_config_is_the_ground_floor():
+    # A fresh interpreter: building and validating a config loads no other module of the
+    # package (no registry above it) and neither scipy nor TensorFlow. The names those
+    # registries own are checked by them (tests/test_cli.py).
+    code = """
+import sys
+from hvd_adaptive.config import load_config
+load_config(None, ["train.algorithm=adaptive", "data.synth.preset=eurlex4k"])
+print(sorted(m for m in sys.modules if m.startswith("hvd_adaptive.")),
+      sorted({m.split(".")[0] for m in sys.modules} & {"scipy", "tensorflow"}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "['hvd_adaptive.config'] []", p.stdout
+
+
+def test_resolve_fills_every_value_derived_from_another():
+    # Defaults: adaptive.b_min 32 and hogbatch.b_min 16; a batch of 16 puts adaptive's b_max
+    # (train.batch_size) under its b_min, which the algorithm then lowers to b_max.
+    cfg, _ = load_config(None, ["train.batch_size=16", "train.eval_every=0.25"])
+    r = resolve(cfg, threads=3)
+    assert (r.train.threads, r.hogbatch.cpu_threads) == (3, 3)
+    assert (r.adaptive.b_max, r.adaptive.b_min) == (16, 16)
+    assert (r.hogbatch.gpu_batch, r.hogbatch.b_max, r.hogbatch.b_min) == (16, 8 * 16, 16)
+    assert r.hogbatch.round_epochs == 0.25
+    assert config_from_dict(json.loads(json.dumps(r.to_dict()))) == r  # config.json reads back
+    assert r.train.time_budget_s is None and r.train.eval_rows is None  # None meaning "none" stays
+
+
+def test_resolve_keeps_values_that_were_given():
+    cfg, _ = load_config(None, ["train.threads=2", "hogbatch.cpu_threads=1", "adaptive.b_max=512",
+                                "hogbatch.gpu_batch=64", "hogbatch.b_max=100", "hogbatch.round_epochs=1"])
+    r = resolve(cfg, threads=3)
+    assert (r.train.threads, r.hogbatch.cpu_threads, r.adaptive.b_max, r.adaptive.b_min) == (2, 1, 512, 32)
+    assert (r.hogbatch.gpu_batch, r.hogbatch.b_max, r.hogbatch.round_epochs) == (64, 100, 1.0)
+    assert resolve(r, threads=5) == r
+    cfg, _ = load_config(None, ["train.threads=2"])
+    assert resolve(cfg, threads=3).hogbatch.cpu_threads == 2  # as train.threads

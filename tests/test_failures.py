@@ -1,7 +1,8 @@
 """Fail fast, never hang: an exception on one rank, bad input files and settings, NaN loss.
 
 Each case runs the real CLI (under mpirun where ranks matter) on small files written here and
-asserts the one line that tells the user what went wrong.
+asserts the one line that tells the user what went wrong. Input errors the CLI sees before MPI
+starts are tested in one process in tests/test_cli.py; one of them runs here under mpirun.
 """
 import contextlib
 import os
@@ -16,6 +17,8 @@ import pytest
 
 from hvd_adaptive.data import preset, synthesize, write_xc
 from mpirun import REPO, job_group, mpi_env, mpirun, run
+
+pytestmark = pytest.mark.mpi  # every test here starts MPI: ranks under mpirun, or a training run
 
 
 def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
@@ -69,11 +72,15 @@ def test_exception_on_rank1_ends_the_job_fast(tmp_path):
     assert "[rank 1] error: RuntimeError: injected failure at round 3" in out, out[-2000:]
 
 
-def test_missing_data_file_is_named(tmp_path, files):
+def test_an_input_error_before_mpi_ends_a_two_rank_job_cleanly(tmp_path, files):
+    # Both ranks stop before MPI starts (run.check_inputs): mpirun must end the job with their
+    # one line each, no traceback and no hang (the timeout is 120 s).
     p = cli(["--run-dir", str(tmp_path / "r")]
             + sets(data__train=tmp_path / "nope.txt", data__test=files / "test.txt"))
     assert p.returncode != 0
-    assert f"{tmp_path / 'nope.txt'}: data file not found (data.train)" in p.stderr, p.stderr[-2000:]
+    line = f"hvd-adaptive: error: {tmp_path / 'nope.txt'}: data file not found (data.train)"
+    assert p.stderr.count(line) == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # no rank got as far as the run folder
 
 
 def test_test_file_with_other_feature_count(tmp_path, files):

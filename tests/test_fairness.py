@@ -11,6 +11,8 @@ import pytest
 
 from mpirun import records, train
 
+pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
+
 # Steps of tens of milliseconds, so that the injected slowdown dominates timing noise.
 WORKLOAD = ("data.synth.n_labels=5000", "model.hidden=[128]", "train.batch_size=128",
             "train.epochs=2", "train.window_samples=1024", "train.eval_every=2")

@@ -107,6 +107,7 @@ def plain(tmp_path_factory):
     return run, train(2, run, "train.algorithm=hogbatch", *HETERO)
 
 
+@pytest.mark.mpi
 def test_hogbatch_async_workers_both_progress_learn_and_use_every_row_once(plain):
     run, s = plain
     st = s["algorithm_state"]
@@ -122,6 +123,7 @@ def test_hogbatch_async_workers_both_progress_learn_and_use_every_row_once(plain
     np.testing.assert_array_equal(fp[0], fp[1])
 
 
+@pytest.mark.mpi
 def test_adaptive_hogbatch_balances_update_counts_plain_does_not(plain, tmp_path):
     threshold = 0.2
     s = train(2, tmp_path / "adaptive", "train.algorithm=adaptive_hogbatch", *HETERO,
@@ -134,6 +136,7 @@ def test_adaptive_hogbatch_balances_update_counts_plain_does_not(plain, tmp_path
     assert s["samples"] == 10 * 2000
 
 
+@pytest.mark.mpi
 def test_shared_model_survives_concurrent_updates():
     p = mpirun(3, ["tests/parallel/check_hogbatch.py"], timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

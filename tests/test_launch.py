@@ -2,7 +2,11 @@
 import json
 import os
 
+import pytest
+
 from mpirun import run as run_job
+
+pytestmark = pytest.mark.mpi  # horovodrun starts real MPI ranks
 
 
 def test_train_sh_two_ranks_under_horovodrun(tmp_path):

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from hvd_adaptive.config import ModelConfig, OptimConfig
 from hvd_adaptive.data import Batch
-from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
+from hvd_adaptive.model import Optimizer, SparseMLP, TouchedRows, batch_tensors
 
 
 def tiny_batch():
@@ -177,12 +177,30 @@ def test_sampled_gradient_is_row_sparse_and_matches_finite_differences():
 def test_training_marks_the_rows_it_reaches():
     m = sampled_model(n_labels=40, negatives=6)
     b = tiny_batch()
+    m.loss(*batch_tensors(b), training=False)
+    assert not any(x.any() for x in m.touched.numpy())  # evaluation marks nothing
     m.loss(*batch_tensors(b), training=True)
-    assert np.flatnonzero(m.touched[0].numpy()).tolist() == [0, 1, 3, 5]
-    out = np.flatnonzero(m.touched[1].numpy())
+    features, labels = m.touched.numpy()
+    assert np.flatnonzero(features).tolist() == [0, 1, 3, 5]
+    out = np.flatnonzero(labels)
     assert {0, 2, 3} <= set(out.tolist()) and len(out) <= 3 + 6
-    m.clear_touched()
-    assert not m.touched[0].numpy().any() and not m.touched[1].numpy().any()
+    m.touched.clear()
+    assert not any(x.any() for x in m.touched.numpy())
+
+
+@pytest.mark.parametrize("output", ["full", "sampled"])
+def test_each_row_sparse_variable_has_a_touched_mask_of_its_rows(output):
+    # The merge gathers a variable's rows by the mask row_sparse names: the mask must be as
+    # long as the variable has rows, and only the input layer (and, sampled, the output layer
+    # and its bias) may have one.
+    m = SparseMLP(7, 11, ModelConfig(hidden=[4, 3], output=output, negatives=5))
+    kinds = m.row_sparse
+    assert len(kinds) == len(m.variables_list) == 6
+    assert kinds[0] == TouchedRows.FEATURES and kinds[1:4] == [None] * 3
+    assert kinds[4:] == ([TouchedRows.LABELS] * 2 if output == "sampled" else [None, None])
+    for v, kind in zip(m.variables_list, kinds):
+        if kind is not None:
+            assert v.shape[0] == m.touched.sizes[kind] == (7, 11)[kind]
 
 
 def test_more_negatives_than_labels_is_a_clear_error():

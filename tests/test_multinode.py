@@ -29,7 +29,7 @@ import pytest
 from mpirun import REPO, job_group, mpi_env, records, run
 from nodes import Nodes, available, remove_stale
 
-pytestmark = pytest.mark.multinode
+pytestmark = [pytest.mark.multinode, pytest.mark.mpi]
 
 UCX = {"osc": "ucx"}  # one-sided MPI across nodes (the shared counter); docs/multinode.md
 # launch/train_nodes.sh's TCP keepalive on mpirun's daemon connections ends a job whose node

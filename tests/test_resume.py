@@ -11,6 +11,8 @@ import pytest
 
 from mpirun import mpirun, records, train
 
+pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
+
 # 4 epochs of the tiny config: 16 rounds of 512 rows (hogbatch: 8 rounds of half an epoch).
 BASE = ("train.epochs=4", "train.eval_every=2", "hogbatch.round_epochs=0.5")
 ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8}

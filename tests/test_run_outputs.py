@@ -44,6 +44,7 @@ def read_events(folder):
     return files, out
 
 
+@pytest.mark.mpi
 def test_tensorboard_events_hold_the_records_scalars(finished):
     run_dir, _ = finished
     files, tags = read_events(run_dir / "tb")
@@ -68,11 +69,13 @@ def test_tensorboard_events_hold_the_records_scalars(finished):
     assert len(tags["train/rows_per_s"]) == len(rounds) and all(v > 0 for _, v in tags["train/rows_per_s"])
 
 
+@pytest.mark.mpi
 def test_no_start_up_messages_on_stderr(finished):
     _, p = finished
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
 
 
+@pytest.mark.mpi
 def test_errors_still_reach_stderr(tmp_path):
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
                    "--run-dir", str(tmp_path / "run")],

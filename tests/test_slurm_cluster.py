@@ -19,7 +19,7 @@ import pytest
 
 from slurm_cluster import SlurmCluster
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
 JOB_TIMEOUT = 120
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ import pytest
 from slurm_cluster import SlurmCluster
 from mpirun import REPO
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
 JOB_TIMEOUT = 240
 

@@ -71,6 +71,8 @@ def test_cli_list_and_count(tmp_path, capsys):
     ("sweep:\n  grid:\n    trian.epochs: [1]\n", "trian: unknown key"),
     ("sweep:\n  grid:\n    train.algorithm: [sync, fastest]\n",
      "sweep point 1 (train.algorithm=fastest)"),
+    ("sweep:\n  grid:\n    data.synth.preset: [eurlex4k, imagenet]\n",
+     "data.synth.preset: unknown preset 'imagenet'"),
     ("sweep:\n  grid:\n    optim.lr: [0.1, -1]\n", "optim.lr: must be > 0"),
     ("sweep:\n  grid: {}\n", "sweep.grid: needs at least one"),
     ("sweep:\n  seeds: [0, 1]\n", "sweep.grid: needs at least one"),
@@ -134,6 +136,7 @@ def test_bad_sweep_fails_without_importing_mpi_or_tensorflow(tmp_path):
     assert "optim.lrr: unknown key" in p.stderr
 
 
+@pytest.mark.mpi
 def test_two_point_sweep_runs_under_mpirun(tmp_path):
     root = tmp_path / "runs"
     names = [p.name for p in expand(REPO / "configs" / "sweep_tiny.yaml")]

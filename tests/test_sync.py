@@ -4,6 +4,8 @@ import pytest
 
 from mpirun import mpirun, records, train
 
+pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
+
 
 def test_sync_two_ranks_learns_and_keeps_replicas_identical(tmp_path):
     run = tmp_path / "sync"

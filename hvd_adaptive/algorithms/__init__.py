@@ -1,7 +1,8 @@
 """Training algorithms, all in one harness (config `train.algorithm`).
 
-ALGORITHMS is the one list of algorithm names: config validates `train.algorithm` against it,
-`build` instantiates from it and the benchmark offers its names as contenders. Importing this
+ALGORITHMS is the one list of algorithm names: `check_name` checks `train.algorithm` against
+it before the ranks start (run.check_inputs), `build` instantiates from it and the benchmark
+offers its names as contenders. Importing this
 package does not import TensorFlow (config and the CLI read it before TensorFlow starts): each
 algorithm's module is imported when it is built, and Algorithm, Context and RoundStats (from
 algorithms/base.py) when first used.
@@ -11,9 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Optional
 
+from hvd_adaptive.config import Config, ConfigError
+
 if TYPE_CHECKING:
     from hvd_adaptive.algorithms.base import Algorithm, Context
-    from hvd_adaptive.config import Config
 
 # name -> "module:class"
 ALGORITHMS = {
@@ -29,12 +31,17 @@ ALGORITHMS = {
 HOGBATCH = ("hogbatch", "adaptive_hogbatch")
 
 
+def check_name(cfg: Config) -> None:
+    """Raises ConfigError unless `train.algorithm` is a name of ALGORITHMS (no TensorFlow needed)."""
+    name = cfg.train.algorithm
+    if name not in ALGORITHMS:
+        raise ConfigError(f"train.algorithm: must be one of {list(ALGORITHMS)}, got {name!r}")
+
+
 def build(ctx: Context) -> Algorithm:
     """Instantiates the configured algorithm (importing its module: each pulls in Horovod)."""
-    name = ctx.cfg.train.algorithm
-    if name not in ALGORITHMS:
-        raise ValueError(f"train.algorithm: must be one of {list(ALGORITHMS)}, got {name!r}")
-    module, _, cls = ALGORITHMS[name].partition(":")
+    check_name(ctx.cfg)
+    module, _, cls = ALGORITHMS[ctx.cfg.train.algorithm].partition(":")
     return getattr(importlib.import_module(module), cls)(ctx)
 
 
@@ -57,4 +64,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "Context", "HOGBATCH", "RoundStats", "build", "worker_threads"]
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "HOGBATCH", "RoundStats", "build", "check_name",
+           "worker_threads"]

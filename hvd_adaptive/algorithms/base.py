@@ -142,7 +142,8 @@ class RoundStats:
 
 
 class Algorithm:
-    """Base class: subclasses implement `train_window` and may override `eval_model`."""
+    """Base class: subclasses implement `train_window` and may override `setup`, `eval_model`,
+    `on_eval`, `state` and the checkpoint pair `state_dict` / `load_state_dict`."""
 
     name = "base"
     # Whether these can differ between ranks at the end of a round. Parts that can are
@@ -274,7 +275,7 @@ class Algorithm:
             return None
         self.hetero.at_epoch(w.epoch + w.start / w.n_rows)
         t0, slept = time.perf_counter(), self.hetero.injected_s
-        self.model.clear_touched()  # rows this window trains (not calibration's or warm-up's)
+        self.model.touched.clear()  # rows this window trains (not calibration's or warm-up's)
         stats = self.train_window(w)
         stats.close(time.perf_counter() - t0, self.hetero.injected_s - slept)
         return stats
@@ -285,6 +286,10 @@ class Algorithm:
     def eval_model(self) -> SparseMLP:
         """The model to evaluate (identical on all ranks)."""
         return self.model
+
+    def on_eval(self, weight_norm: float) -> None:
+        """Called on every rank after each evaluation of `eval_model` with the L2 norm of its
+        weights (the eval record's weight_norm); adaptive's normalization follows its trend."""
 
     def state(self) -> dict:
         """Algorithm state for the run summary (batch sizes etc.)."""

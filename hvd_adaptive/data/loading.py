@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable
 
 from hvd_adaptive.config import Config, ConfigError
 from hvd_adaptive.data.formats import DataError, Dataset, load_dataset
-from hvd_adaptive.data.synth import preset, synthesize, synthesize_cached
+from hvd_adaptive.data.synth import PRESETS, preset, synthesize, synthesize_cached
 
 if TYPE_CHECKING:
     from hvd_adaptive.distributed import Cluster
@@ -19,6 +19,7 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     Rank 0 parses files first and writes the binary caches; the others then memory-map them,
     so ranks never race to build one cache.
     """
+    check_sources(cfg)
     d = cfg.data
     if d.train == "synthetic":
         s = d.synth
@@ -33,10 +34,6 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
         cluster.comm.Barrier()
         return out if out is not None else synthesize_cached(spec, d.cache_dir)
 
-    for key, path in (("data.train", d.train), ("data.test", d.test)):
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: data file not found ({key})")
-
     def load() -> tuple[Dataset, Dataset]:
         train = load_dataset(d.train, fmt=d.format, cache_dir=d.cache_dir)
         test = load_dataset(d.test, fmt=d.format, cache_dir=d.cache_dir,
@@ -46,6 +43,24 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     out = load() if cluster.is_root else None
     cluster.comm.Barrier()
     return out if out is not None else load()
+
+
+def check_sources(cfg: Config) -> None:
+    """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing file.
+
+    Raises:
+        ConfigError: data.synth.preset is not a name of PRESETS.
+        DataError: data.train or data.test is not a file.
+    """
+    d = cfg.data
+    if d.train == "synthetic":
+        if d.synth.preset not in PRESETS:
+            raise ConfigError(f"data.synth.preset: unknown preset {d.synth.preset!r}; "
+                              f"known: {sorted(PRESETS)}")
+        return
+    for key, path in (("data.train", d.train), ("data.test", d.test)):
+        if not os.path.isfile(path):
+            raise DataError(f"{path}: data file not found ({key})")
 
 
 def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:

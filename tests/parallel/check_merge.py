@@ -67,7 +67,7 @@ def main() -> int:
         def __call__(self, weight):
             seen["before"] = c.comm.allgather([v.numpy().copy() for v in tracked])
             seen["weights"] = np.array(c.comm.allgather(weight))
-            seen["touched"] = c.comm.allgather([t.numpy().copy() for t in model.touched])
+            seen["touched"] = c.comm.allgather(model.touched.numpy())
             self.inner(weight)
 
         def __getattr__(self, name):
