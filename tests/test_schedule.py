@@ -46,6 +46,7 @@ def test_bad_schedules_name_the_key(schedule, mode, message):
         load_config("configs/tiny.yaml", [f"hetero.schedule={schedule}", f"hetero.mode={mode}"])
 
 
+@pytest.mark.mpi
 def test_a_run_slows_rank_1_only_in_its_phase(tmp_path):
     run = tmp_path / "vary"
     train(2, run, "train.algorithm=auto", "train.epochs=3",
