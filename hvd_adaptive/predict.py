@@ -4,8 +4,9 @@ predict streams the input (formats.iter_rows: blocks of about 4 MB of text), so 
 bounded by a block, the model and the label-blocked top-k of evaluation.py (logits of at most
 `train.eval_memory_mb` at a time). Each block is cut into steps of `batch_rows` rows; on N
 ranks step j goes to rank j mod N and rank 0 gathers every block's results and writes them in
-input order. A step's rows are the same whatever the number of ranks, so the output depends
-only on the checkpoint (and `batch_rows`).
+input order. A step's rows are the same whatever the number of ranks, so the labels depend
+only on the checkpoint (near-ties aside); a score's last digit can move with `batch_rows` or a rank's threads
+(how TensorFlow splits the products; docs/scale.md).
 
 The score of a label is its softmax probability over all labels (the model's training loss
 is a softmax), the normalizer accumulated block by block; lines are `label:score` pairs, best
