@@ -242,22 +242,30 @@ def find_latest(ckpt_dir: Path, warn: Callable[[str], None] = print) -> tuple[Op
     return None, skipped
 
 
-def _read_part(folder: Path, where: Path) -> dict:
+def newest(ckpt_dir: Path) -> Optional[Path]:
+    """The highest-numbered checkpoint folder, not verified; None when there is none."""
+    found = _numbered(ckpt_dir)
+    return max(found)[1] if found else None
+
+
+def _read_part(folder: Path, where: Path, mmap: bool = False) -> dict:
     try:
         state = json.loads((folder / "state.json").read_text())
         for f in sorted(folder.glob("*.npy")):
-            state[f.name[:-4]] = np.load(f, allow_pickle=False)
+            state[f.name[:-4]] = np.load(f, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{where}: unreadable: {e}") from None
     return state
 
 
-def load(path: Path, rank: int = 0) -> tuple[dict, dict]:
+def load(path: Path, rank: int = 0, mmap: bool = False) -> tuple[dict, dict]:
     """Reads a checkpoint for one rank.
 
     Args:
         path: A checkpoint folder (normally from find_latest).
         rank: This rank; it receives the per-rank part of old rank `rank % ranks written`.
+        mmap: Memory-map the arrays read-only instead of reading them (a reader that needs
+            only the model then never loads the optimizer's slots).
 
     Returns:
         (state, manifest): the shared keys plus this rank's "rank.*" keys, and the manifest
@@ -267,8 +275,8 @@ def load(path: Path, rank: int = 0) -> tuple[dict, dict]:
         manifest = json.loads((path / MARKER).read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: unreadable {MARKER} marker: {e}") from None
-    state = _read_part(path, path)
-    own = _read_part(path / f"rank-{rank % manifest['ranks']}", path)
+    state = _read_part(path, path, mmap)
+    own = _read_part(path / f"rank-{rank % manifest['ranks']}", path, mmap)
     state.update({PER_RANK + k: v for k, v in own.items()})
     return state, manifest
 

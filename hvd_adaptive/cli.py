@@ -8,6 +8,10 @@ Usage:
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
+  hvd-adaptive predict RUN_DIR --data FILE --out FILE [--k 5] [--checkpoint ckpt-N]
+  mpirun -np 2 hvd-adaptive predict RUN_DIR --data FILE --out FILE   # rows split over ranks
+  hvd-adaptive evaluate RUN_DIR --data FILE [--out FILE.json]       # P@k, nDCG@k, PSP@k, PSnDCG@k
+  hvd-adaptive export RUN_DIR --out DIR [--k 5]                     # TensorFlow SavedModel
 """
 from __future__ import annotations
 
@@ -57,6 +61,53 @@ def _sweep(args: argparse.Namespace) -> int:
     return sweep_main(args)
 
 
+def _open_run(args: argparse.Namespace):
+    """The run's verified checkpoint and the inputs' checks, all before TensorFlow starts."""
+    from hvd_adaptive.config import ConfigError
+    from hvd_adaptive.run import quiet_tensorflow
+    from hvd_adaptive.runmodel import open_run
+
+    run = open_run(args.run_dir, args.checkpoint)
+    if getattr(args, "k", None) is not None:
+        run.check_k(args.k)
+    data = getattr(args, "data", None)
+    if data is not None and not Path(data).is_file():
+        raise ConfigError(f"{data}: data file not found (--data)")
+    if getattr(args, "batch_rows", 1) < 1:
+        raise ConfigError(f"--batch-rows {args.batch_rows}: must be at least 1")
+    quiet_tensorflow(args.verbose)
+    return run
+
+
+def _predict(args: argparse.Namespace) -> int:
+    run = _open_run(args)
+    from hvd_adaptive.predict import predict
+
+    predict(run, args.data, args.out, args.k, args.batch_rows, args.progress_every)
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    run = _open_run(args)
+    from hvd_adaptive.predict import evaluate
+
+    evaluate(run, args.data, args.out, args.rows)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from hvd_adaptive.config import ConfigError
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an empty folder; export into a new one")
+    run = _open_run(args)
+    from hvd_adaptive.export import export
+
+    print(f"exported {run.path} (top {args.k} of {run.n_labels} labels) to {export(run, args.out, args.k)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvd-adaptive", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +153,35 @@ def build_parser() -> argparse.ArgumentParser:
     wr.add_argument("--root", default="runs/sweep", help="parent folder of the points' run folders")
     wr.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     w.set_defaults(fn=_sweep)
+
+    def run_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("run_dir", metavar="RUN_DIR", help="a training run's folder")
+        q.add_argument("--checkpoint", metavar="ckpt-N",
+                       help="checkpoint folder name (default: the newest; must verify)")
+        q.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+
+    pr = sub.add_parser("predict", help="top-k labels and scores of rows, with a trained model")
+    run_args(pr)
+    pr.add_argument("--data", required=True, help="rows, XC or LIBSVM (labels ignored)")
+    pr.add_argument("--out", required=True, help="output: one line a row, 'label:score' best first")
+    pr.add_argument("--k", type=int, default=5, help="labels per row (default 5)")
+    pr.add_argument("--batch-rows", type=int, default=2048, help="rows scored at once")
+    pr.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                    help="seconds between progress lines on stderr (default 10)")
+    pr.set_defaults(fn=_predict)
+
+    ev = sub.add_parser("evaluate", help="P@k, nDCG@k, PSP@k, PSnDCG@k of a trained model")
+    run_args(ev)
+    ev.add_argument("--data", required=True, help="labelled rows, XC or LIBSVM")
+    ev.add_argument("--out", help="also write the result as JSON")
+    ev.add_argument("--rows", type=int, help="only the first ROWS rows (like train.eval_rows)")
+    ev.set_defaults(fn=_evaluate)
+
+    ex = sub.add_parser("export", help="a TensorFlow SavedModel serving top-k labels")
+    run_args(ex)
+    ex.add_argument("--out", required=True, help="new folder for the SavedModel")
+    ex.add_argument("--k", type=int, default=5, help="labels a row the signature returns")
+    ex.set_defaults(fn=_export)
     return p
 
 

@@ -43,40 +43,64 @@ class Evaluator:
                 tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
         self._hidden = tf.function(lambda *a: model.hidden(*a), input_signature=spec,
                                    autograph=False)
-        self._topk = tf.function(self._topk_blocks, input_signature=(
+        self._topk = tf.function(lambda h: self._topk_blocks(h)[1], input_signature=(
+            tf.TensorSpec([None, None], tf.float32),), autograph=False)
+        self._scored = tf.function(self.scored_top_k, input_signature=(
             tf.TensorSpec([None, None], tf.float32),), autograph=False)
 
-    def _topk_blocks(self, h):
+    def _topk_blocks(self, h, scores: bool = False):
+        """(values, labels, log-sum-exp of all logits: only with `scores`, else -inf)."""
         n, k, block = self.model.n_labels, self.k, self.block
         rows = tf.shape(h)[0]
 
-        def one_block(start, best_v, best_i):
+        def one_block(start, best_v, best_i, lse):
             z = self.model.block_logits(h, start, tf.minimum(start + block, n))
+            if scores:  # softmax's normalizer, accumulated over the blocks like the top-k
+                lse = tf.reduce_logsumexp(tf.stack([lse, tf.reduce_logsumexp(z, 1)], 1), 1)
             # A last block narrower than k is padded with -inf (never chosen over a real label).
             z = tf.pad(z, [[0, 0], [0, tf.maximum(k - tf.shape(z)[1], 0)]], constant_values=-np.inf)
             v, i = tf.math.top_k(z, k=k)
             best_v, pick = tf.math.top_k(tf.concat([best_v, v], 1), k=k)
             best_i = tf.gather(tf.concat([best_i, i + start], 1), pick, batch_dims=1)
-            return start + block, best_v, best_i
+            return start + block, best_v, best_i, lse
 
         # One while loop over the label blocks, whatever their number.
-        _, _, best_i = tf.while_loop(
+        lowest = tf.constant(-np.inf, tf.float32)
+        _, best_v, best_i, lse = tf.while_loop(
             lambda start, *_: start < n, one_block,
-            (tf.constant(0, tf.int32), tf.fill([rows, k], tf.constant(-np.inf, tf.float32)),
-             tf.zeros([rows, k], tf.int32)),
+            (tf.constant(0, tf.int32), tf.fill([rows, k], lowest), tf.zeros([rows, k], tf.int32),
+             tf.fill([rows], lowest)),
             shape_invariants=(tf.TensorShape([]), tf.TensorShape([None, k]),
-                              tf.TensorShape([None, k])))
-        return best_i
+                              tf.TensorShape([None, k]), tf.TensorShape([None])))
+        return best_v, best_i, lse
+
+    def scored_top_k(self, h):
+        """The k best labels of hidden activations `h` and their softmax probabilities over
+        all labels, best first: ([rows x k] int32, [rows x k] float32). Traceable (export)."""
+        v, i, lse = self._topk_blocks(h, scores=True)
+        return i, tf.exp(v - lse[:, None])
+
+    def _per_chunk(self, ds: Dataset, rows: np.ndarray, fn) -> list:
+        out = []
+        for i in range(0, len(rows), self.chunk):
+            b = make_batch(ds, rows[i:i + self.chunk])
+            h = self._hidden(tf.constant(b.feat_ids), tf.constant(b.feat_vals),
+                             tf.constant(b.feat_seg), tf.constant(b.size, tf.int32))
+            out.append(fn(h))
+        return out
 
     def top_labels(self, test: Dataset, rows: np.ndarray) -> np.ndarray:
         """The k best labels of each test row in `rows`, best first, [len(rows) x k]."""
-        out = []
-        for i in range(0, len(rows), self.chunk):
-            b = make_batch(test, rows[i:i + self.chunk])
-            h = self._hidden(tf.constant(b.feat_ids), tf.constant(b.feat_vals),
-                             tf.constant(b.feat_seg), tf.constant(b.size, tf.int32))
-            out.append(self._topk(h).numpy())
+        out = self._per_chunk(test, rows, lambda h: self._topk(h).numpy())
         return np.concatenate(out) if out else np.zeros((0, self.k), np.int32)
+
+    def top_scores(self, ds: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The k best labels of each row in `rows` and their softmax probabilities, best
+        first: ([len(rows) x k] int32, [len(rows) x k] float32)."""
+        out = self._per_chunk(ds, rows, lambda h: [t.numpy() for t in self._scored(h)])
+        if not out:
+            return np.zeros((0, self.k), np.int32), np.zeros((0, self.k), np.float32)
+        return np.concatenate([o[0] for o in out]), np.concatenate([o[1] for o in out])
 
     def __call__(self, test: Dataset, cluster: Cluster, rows: Optional[int]) -> dict:
         """P@k and nDCG@k (and PSP@k, PSnDCG@k) over the first `rows` test rows (all: None),

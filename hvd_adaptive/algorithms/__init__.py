@@ -45,6 +45,18 @@ def build(ctx: Context) -> Algorithm:
     return getattr(importlib.import_module(module), cls)(ctx)
 
 
+def eval_model_keys(state: dict) -> list[str]:
+    """Keys of the evaluated model's arrays in a training checkpoint, input layer first.
+
+    What `Algorithm.eval_model` returns, as `state_dict` stores it: SMA evaluates its central
+    model ("sma.central.<i>"); every other algorithm its replica ("model.<i>"), equal on every
+    rank at a round's end. Read without TensorFlow (predict checks a run before it starts).
+    """
+    prefix = "sma.central." if state.get("algorithm") == "sma" else "model."
+    keys = [k for k in state if k.startswith(prefix) and k[len(prefix):].isdigit()]
+    return sorted(keys, key=lambda k: int(k[len(prefix):]))
+
+
 def worker_threads(cfg: Config, rank: int) -> Optional[int]:
     """TensorFlow threads of a rank: hogbatch.cpu_threads on CPU workers, else train.threads.
 
@@ -65,4 +77,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "Context", "HOGBATCH", "RoundStats", "build", "check_name",
+           "eval_model_keys",
            "worker_threads"]

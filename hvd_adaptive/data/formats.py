@@ -182,50 +182,69 @@ def _check_header_shape(path, nf, nl, want_nf, want_nl):
                        "(e.g. from the training file)")
 
 
-def _parse(path, fmt, n_features, n_labels):
-    """Parse a text file; returns ``(Dataset, info)`` where info feeds the cache meta."""
+def _open_rows(f, path, fmt, n_features, n_labels):
+    """Reads the header (if any) of an open file; returns (head, f_lim, l_lim, carry, line)."""
     if fmt not in ("auto", "xc", "libsvm"):
         raise ValueError(f"fmt must be 'auto', 'xc' or 'libsvm', got {fmt!r}")
+    first = f.readline()
+    if not first:
+        raise _err(path, 1, "empty file")
+    head = _read_header(first, fmt, path, n_features, n_labels)
+    if head is not None:
+        return head, head[1], head[2], b"", 2
+    f_lim = _INT32_MAX if n_features is None else n_features
+    l_lim = _INT32_MAX if n_labels is None else n_labels
+    return head, f_lim, l_lim, first, 1
+
+
+def _parsed_blocks(f, path, f_lim, l_lim, carry, line):
+    """Parses the rest of an open file in blocks of complete lines (about `_BLOCK` bytes).
+
+    Yields:
+        (first line number, lines in the block, (f_cnt, l_cnt, idx, vals, labels)).
+    """
+    eof = False
+    while not eof:
+        block = f.read(_BLOCK)
+        eof = not block
+        data = carry + block
+        cut = len(data) if eof else data.rfind(b"\n") + 1
+        ready, carry = data[:cut], data[cut:]
+        if eof and ready and not ready.endswith(b"\n"):
+            ready += b"\n"
+        # Hold back trailing empty lines: at end of file they are not rows.
+        body = ready.rstrip(b"\r\n")
+        keep = ready.find(b"\n", len(body)) + 1 if body else 0
+        ready, carry = ready[:keep], ready[keep:] + carry
+        if not ready:
+            continue
+        n = ready.count(b"\n")
+        got = _fast_block(ready, n, f_lim, l_lim)
+        yield line, n, got if got is not None else _slow_block(ready, line, f_lim, l_lim, path)
+        line += n
+
+
+def _check_rows(path, head, n_rows: int, last_line: int) -> None:
+    if head is not None and n_rows != head[0]:
+        raise _err(path, last_line, f"header says {head[0]} rows but the file has {n_rows}")
+
+
+def _parse(path, fmt, n_features, n_labels):
+    """Parse a text file; returns ``(Dataset, info)`` where info feeds the cache meta."""
     path = os.fspath(path)
     parts: list[tuple] = []
     with open(path, "rb") as f:
-        first = f.readline()
-        if not first:
-            raise _err(path, 1, "empty file")
-        head = _read_header(first, fmt, path, n_features, n_labels)
-        if head is not None:
-            f_lim, l_lim, carry, line = head[1], head[2], b"", 2
-        else:
-            f_lim = _INT32_MAX if n_features is None else n_features
-            l_lim = _INT32_MAX if n_labels is None else n_labels
-            carry, line = first, 1
-        eof = False
-        while not eof:
-            block = f.read(_BLOCK)
-            eof = not block
-            data = carry + block
-            cut = len(data) if eof else data.rfind(b"\n") + 1
-            ready, carry = data[:cut], data[cut:]
-            if eof and ready and not ready.endswith(b"\n"):
-                ready += b"\n"
-            # Hold back trailing empty lines: at end of file they are not rows.
-            body = ready.rstrip(b"\r\n")
-            keep = ready.find(b"\n", len(body)) + 1 if body else 0
-            ready, carry = ready[:keep], ready[keep:] + carry
-            if not ready:
-                continue
-            n = ready.count(b"\n")
-            got = _fast_block(ready, n, f_lim, l_lim)
-            parts.append(got if got is not None else _slow_block(ready, line, f_lim, l_lim, path))
-            line += n
+        head, f_lim, l_lim, carry, line = _open_rows(f, path, fmt, n_features, n_labels)
+        for first, n, got in _parsed_blocks(f, path, f_lim, l_lim, carry, line):
+            parts.append(got)
+            line = first + n
     f_cnt, l_cnt, idx, vals, labels = (
         np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, dt)
         for k, dt in enumerate((np.int64, np.int64, np.int32, np.float32, np.int32)))
     n_rows = len(f_cnt)
     if head is None and not idx.size and not labels.size:
         raise _err(path, 1, "empty file (no labels or features)")
-    if head is not None and n_rows != head[0]:
-        raise _err(path, line - 1, f"header says {head[0]} rows but the file has {n_rows}")
+    _check_rows(path, head, n_rows, line - 1)
     max_f = int(idx.max()) if idx.size else -1
     max_l = int(labels.max()) if labels.size else -1
     if head is not None:
@@ -233,13 +252,47 @@ def _parse(path, fmt, n_features, n_labels):
     else:
         nf = max_f + 1 if n_features is None else n_features
         nl = max_l + 1 if n_labels is None else n_labels
-    indptr, lptr = (np.concatenate(([0], np.cumsum(c))).astype(np.int64) for c in (f_cnt, l_cnt))
-    ds = Dataset(indptr, idx, vals, lptr, labels, nf, nl, path)
+    ds = _dataset(path, f_cnt, l_cnt, idx, vals, labels, nf, nl)
     # The cache keeps a LIBSVM file's natural shape; a forced shape is re-applied on load.
     info = {"fmt": "xc" if head is not None else "libsvm", "max_feature": max_f,
             "max_label": max_l, "n_features": head[1] if head else max_f + 1,
             "n_labels": head[2] if head else max_l + 1}
     return ds, info
+
+
+def _dataset(path, f_cnt, l_cnt, idx, vals, labels, nf, nl) -> Dataset:
+    indptr, lptr = (np.concatenate(([0], np.cumsum(c))).astype(np.int64) for c in (f_cnt, l_cnt))
+    return Dataset(indptr, idx, vals, lptr, labels, nf, nl, path)
+
+
+def iter_rows(path, *, fmt="auto", n_features=None):
+    """Streams a text file in blocks of rows (about 4 MB of text each), without any cache.
+
+    Memory stays bounded by a block whatever the file's size: for prediction over files too
+    large to hold. Labels are parsed (any non-negative id) and may be ignored by the caller.
+
+    Args:
+        path: The text file (XC with header, or LIBSVM).
+        fmt: ``"auto"``, ``"xc"`` or ``"libsvm"`` (see :func:`parse_file`).
+        n_features: The model's feature count: a larger feature id (or an XC header with
+            another count) raises, naming the line.
+
+    Yields:
+        (line number of the block's first row, :class:`Dataset` of the block's rows).
+
+    Raises:
+        DataError: On malformed input, naming the file and line.
+    """
+    path = os.fspath(path)
+    n_rows = 0
+    with open(path, "rb") as f:
+        head, f_lim, l_lim, carry, line = _open_rows(f, path, fmt, n_features, None)
+        for first, n, got in _parsed_blocks(f, path, f_lim, l_lim, carry, line):
+            labels = got[4]
+            nl = head[2] if head else (int(labels.max()) + 1 if labels.size else 0)
+            yield first, _dataset(path, *got, f_lim, nl)
+            n_rows, line = n_rows + n, first + n
+    _check_rows(path, head, n_rows, line - 1)
 
 
 def parse_file(path, *, fmt="auto", n_features=None, n_labels=None) -> Dataset:

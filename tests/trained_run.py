@@ -1,0 +1,83 @@
+"""Harness of the predict/evaluate/export tests: a tiny trained run on files, and a numpy
+forward pass of a checkpoint as the independent reference for labels and scores."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hvd_adaptive.data import preset, synth_to_files
+from mpirun import REPO, mpi_env, mpirun, records, train
+
+# configs/tiny.yaml's data (2,000 train / 500 test rows, 2,000 features, 100 labels) as files.
+TINY = dict(scale=0.1, n_train=2000, n_test=500, n_features=2000, n_labels=100, nnz_mean=30,
+            labels_mean=2)
+
+
+def trained_run(root: Path, ranks: int, *sets: str) -> tuple[Path, Path]:
+    """Writes the tiny data as XC files, trains on them; returns (run folder, test file)."""
+    train_txt, test_txt = synth_to_files(preset("eurlex4k", **TINY), root / "data")
+    run = root / "run"
+    train(ranks, run, f"data.train={train_txt}", f"data.test={test_txt}", "train.epochs=4", *sets)
+    return run, test_txt
+
+
+def last_eval(run: Path) -> dict:
+    return records(run, "eval")[-1]
+
+
+def cli(*args: str, ranks: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, or under mpirun on `ranks` ranks."""
+    argv = ["-m", "hvd_adaptive.cli", *map(str, args)]
+    if ranks:
+        return mpirun(ranks, argv, timeout=timeout)
+    return subprocess.run([sys.executable, *argv], cwd=REPO, env=mpi_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def folder_hash(path: Path) -> str:
+    """sha256 over every file's relative name and bytes (and every folder's name)."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def read_predictions(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A predict output file as ([rows x k] labels, [rows x k] scores)."""
+    pairs = [[tok.split(":") for tok in line.split()] for line in path.read_text().splitlines()]
+    return (np.array([[int(a) for a, _ in row] for row in pairs]),
+            np.array([[float(b) for _, b in row] for row in pairs]))
+
+
+def numpy_softmax(run: Path, ds) -> np.ndarray:
+    """Softmax over all labels of every row of `ds`, from the newest checkpoint's arrays
+    (model.0 .. model.3: input kernel, bias, output kernel, bias), in float64 numpy."""
+    ckpt = max((run / "checkpoints").glob("ckpt-*"), key=lambda p: int(p.name.split("-")[1]))
+    w0, b0, w1, b1 = (np.load(ckpt / f"model.{i}.npy").astype(np.float64) for i in range(4))
+    config = json.loads((run / "config.json").read_text())
+    if config["model"]["output"] == "sampled":
+        w1 = w1.T  # stored [labels x hidden]
+    x = np.zeros((ds.n_rows, ds.n_features))
+    rows = np.repeat(np.arange(ds.n_rows), np.diff(ds.indptr))
+    np.add.at(x, (rows, ds.indices), ds.values)
+    z = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+    z -= z.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def check_against_numpy(labels: np.ndarray, scores: np.ndarray, probs: np.ndarray) -> None:
+    """Predicted scores are the reference probabilities of the predicted labels, and no label
+    left out scores higher than the k-th (ties within float32 noise allowed)."""
+    picked = np.take_along_axis(probs, labels, axis=1)
+    np.testing.assert_allclose(scores, picked, rtol=1e-4, atol=1e-7)
+    kth = np.sort(probs, axis=1)[:, -labels.shape[1]]
+    np.testing.assert_allclose(picked[:, -1], kth, rtol=1e-4, atol=1e-7)
+    assert (np.diff(scores, axis=1) <= 0).all()  # best first
