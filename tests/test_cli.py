@@ -55,7 +55,7 @@ def test_bad_config_and_missing_file_are_one_clear_line(tmp_path):
 
 
 @pytest.mark.parametrize("sets, needle", [
-    (["train.algorithm=fastest"], "train.algorithm: must be one of ['sync', 'local', 'sma', "),
+    (["train.algorithm=fastest"], "train.algorithm: must be one of ['sync', 'auto', 'local', "),
     (["data.synth.preset=imagenet"], "data.synth.preset: unknown preset 'imagenet'; known: "),
     (["data.train=/nonexistent/train.txt", "data.test=/nonexistent/test.txt"],
      "/nonexistent/train.txt: data file not found (data.train)"),
