@@ -129,3 +129,28 @@ def keep_within_deadband(current: np.ndarray, proposed: np.ndarray, rows: float)
 def split_evenly(total: int, n: int) -> np.ndarray:
     """Offsets [n+1] splitting `total` rows into n contiguous nearly equal parts."""
     return (np.arange(n + 1, dtype=np.int64) * total) // n
+
+
+# auto's two ways to train a window: gradient aggregation and model averaging.
+MODES = ("grad", "avg")
+
+
+def choose_mode(index: int, rates: dict, last_probe: dict, cost: float, probe_every: int) -> str:
+    """The mode of auto's window `index` (algorithms/auto.py): gradient aggregation ("grad")
+    or model averaging ("avg").
+
+    Args:
+        index: windows trained so far in this run.
+        rates: mode -> measured rows/s (None before its first window).
+        last_probe: mode -> the last window index that mode ran.
+        cost: auto.averaging_cost.
+        probe_every: auto.probe_every.
+    """
+    for mode in MODES:  # each mode is measured once before any choice
+        if rates.get(mode) is None:
+            return mode
+    best = "avg" if rates["avg"] > cost * rates["grad"] else "grad"
+    other = "grad" if best == "avg" else "avg"
+    if index - last_probe.get(other, -1) > probe_every:
+        return other
+    return best

@@ -32,7 +32,7 @@ def test_each_algorithm_learns(tmp_path, name, sets):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", ["adaptive", "sync", "local", "sma", "hogbatch"])
+@pytest.mark.parametrize("name", ["adaptive", "sync", "local", "sma", "hogbatch", "auto"])
 def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(name):
     p = mpirun(2, ["tests/parallel/check_scheduling.py", name], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 # 4 epochs of the tiny config: 16 rounds of 512 rows (hogbatch: 8 rounds of half an epoch).
 BASE = ("train.epochs=4", "train.eval_every=2", "hogbatch.round_epochs=0.5")
-ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8}
+ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8, "auto": 16}
 
 
 def interrupted(run, n, sets, fail_at) -> None:

@@ -27,9 +27,9 @@ def test_sync_two_ranks_learns_and_keeps_replicas_identical(tmp_path):
 
 
 @pytest.mark.parametrize("partition,optimizer", [("equal", "sgd"), ("proportional", "sgd"),
-                                                 ("auto", "adagrad")])
+                                                 ("sharded", "adagrad")])
 def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(partition, optimizer):
-    """auto (proportional split, sharded output-layer update) with Adagrad, whose state the
+    """The sharded output-layer update (auto's gradient windows) with Adagrad, whose state the
     shards must keep, equals one process too; proportional splits follow their rule."""
     p = mpirun(2, ["tests/parallel/check_sync_equivalence.py", partition, optimizer], timeout=180)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]

@@ -31,33 +31,11 @@ import time
 import numpy as np
 
 from hvd_adaptive.algorithms.adaptive import Adaptive
+from hvd_adaptive.balance import MODES, choose_mode
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
 from hvd_adaptive.algorithms.sync import Sync
 from hvd_adaptive.distributed import allgather
 from hvd_adaptive.config import ConfigError
-
-MODES = ("grad", "avg")
-
-
-def choose_mode(index: int, rates: dict, last_probe: dict, cost: float, probe_every: int) -> str:
-    """The mode of window `index` (a pure rule; see the module docstring).
-
-    Args:
-        index: windows trained so far in this run.
-        rates: mode -> measured rows/s (None before its first window).
-        last_probe: mode -> the last window index that mode ran.
-        cost: auto.averaging_cost.
-        probe_every: auto.probe_every.
-    """
-    for mode in MODES:  # each mode is measured once before any choice
-        if rates.get(mode) is None:
-            return mode
-    best = "avg" if rates["avg"] > cost * rates["grad"] else "grad"
-    other = "grad" if best == "avg" else "avg"
-    if index - last_probe.get(other, -1) > probe_every:
-        return other
-    return best
-
 
 class Auto(Algorithm):
     name = "auto"
@@ -113,7 +91,7 @@ class Auto(Algorithm):
         self.last_probe[mode] = w.index
         self.last_mode = mode
         self.counts[mode] += 1
-        stats.extra.update(mode=mode, mode_rows_s=round(rate, 1))
+        stats.extra.update(mode=mode, mode_rows_s=float(rate))
         return stats
 
     def state(self) -> dict:

@@ -156,9 +156,7 @@ class Sync(Algorithm):
         keep = self.cfg.sync.smoothing if self.per_row.any() else 0.0
         self.per_row = keep * self.per_row + (1 - keep) * costs[:, 0]
         self.per_step = keep * self.per_step + (1 - keep) * costs[:, 1]
-        new = balanced_partition(self.global_batch, self.per_row, self.per_step,
-                                 self.cfg.sync.min_batch)
-        self.sizes = keep_within_deadband(self.sizes, new, self.cfg.sync.deadband * self.cfg.train.batch_size)
+        self._split()
 
     def state(self) -> dict:
         return {"batch_sizes": self.sizes.tolist()}
@@ -177,8 +175,14 @@ class Sync(Algorithm):
         clock starts), so the first window is balanced too; the windows' own timings refine it."""
         if self.partition == "proportional" and not self.per_row.any():
             self.per_row = 1.0 / np.maximum(np.asarray(rates, dtype=float), 1e-9)
-            self.sizes = balanced_partition(self.global_batch, self.per_row, self.per_step,
-                                            self.cfg.sync.min_batch)
+            self._split()
+
+    def _split(self) -> None:
+        """The balanced split of the current costs, unless it is within the deadband."""
+        new = balanced_partition(self.global_batch, self.per_row, self.per_step,
+                                 self.cfg.sync.min_batch)
+        self.sizes = keep_within_deadband(self.sizes, new,
+                                          self.cfg.sync.deadband * self.cfg.train.batch_size)
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)

@@ -6,7 +6,10 @@ Drives the real algorithm through one epoch of the tiny config; a spy around the
 builder records the rows of every batch trained. Checks: every row of the epoch is used exactly
 once across ranks (which rows, not only how many: a duplicated row and a dropped one would keep
 the count). For adaptive (batch sizes pinned, so only scheduling decides who takes what): no
-batch is under half the batch size, and the fast rank takes clearly more batches.
+batch is under half the batch size, and the fast rank takes clearly more batches. For auto
+(windows of 256 rows, a probe every other window, so gradient and averaging windows alternate):
+every window's mode is the rule's (auto.choose_mode) from the rows/s the earlier windows
+measured and allgathered.
 """
 import sys
 
@@ -21,7 +24,8 @@ def main() -> int:
     cfg, _ = load_config("configs/tiny.yaml", [
         f"train.algorithm={name}", "train.epochs=1", "train.window_samples=1024",
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
-        "hogbatch.round_epochs=0.25"])
+        "hogbatch.round_epochs=0.25",
+        *(["train.window_samples=256", "auto.probe_every=1"] if name == "auto" else [])])
     c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms import base, hogbatch
@@ -34,9 +38,10 @@ def main() -> int:
         algo = build(cfg, c, train)
         c.comm.Barrier()  # as the trainer's calibration allgather: start the clock together
         spy.recording = True
-        windows = []
+        windows, modes = [], []
         while (stats := algo.run_round()) is not None:
             windows.append(c.comm.allgather(stats.batches))
+            modes.append(c.comm.allgather((stats.extra.get("mode"), stats.extra.get("mode_rows_s"))))
         spy.recording = False
     everyone = c.comm.gather(np.concatenate(spy.used), root=0)
     smallest = c.comm.gather(min(len(u) for u in spy.used), root=0)
@@ -50,6 +55,20 @@ def main() -> int:
             assert min(smallest) >= 32, f"a batch of {min(smallest)} rows (under half of 64)"
             fast, slow = np.sum(windows, axis=0)
             assert fast >= 1.5 * slow, f"fast rank {fast} batches, slow rank {slow}: {windows}"
+        if name == "auto":
+            from hvd_adaptive.balance import choose_mode
+
+            rates, last, seen = {"grad": None, "avg": None}, {}, []
+            for i, per_rank in enumerate(modes):
+                assert len(set(per_rank)) == 1, f"window {i}: ranks disagree {per_rank}"
+                mode, rate = per_rank[0]
+                want = choose_mode(i, rates, last, cfg.auto.averaging_cost, cfg.auto.probe_every)
+                assert mode == want, f"window {i}: ran {mode}, the rule says {want} ({rates}, {last})"
+                rates[mode] = rate if rates[mode] is None else 0.5 * rates[mode] + 0.5 * rate
+                last[mode] = i
+                seen.append(mode)
+            switches = sum(a != b for a, b in zip(seen, seen[1:]))
+            assert switches >= 3, f"modes {seen}: gradient and averaging windows should alternate"
         print(f"scheduling ok ({name}): {train.n_rows} rows once each; window batches {windows}")
     distributed.shutdown()
     return 0

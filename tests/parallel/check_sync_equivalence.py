@@ -1,12 +1,12 @@
 """Run under mpirun: sync SGD on N ranks equals one-process SGD on the same global batches,
 and distributed evaluation equals a one-process evaluation of the same model.
 
-Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py equal|proportional|auto [OPTIMIZER]
+Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py equal|proportional|sharded [OPTIMIZER]
 
 The ranks train one epoch of the tiny config with the real Sync algorithm (rank 1 slowed 3x, so
-that the proportional partition splits every step unevenly); `auto` is sync with that partition
-and the sharded update of the output layer (each rank updates its rows of the layer and of the
-optimizer state). Rank 0 then replays the epoch in one process: for every step the same global
+that the proportional partition splits every step unevenly); `sharded` is sync with that
+partition and the sharded update of the output layer (each rank updates its rows of the layer and
+of the optimizer state), as auto's gradient windows train. Rank 0 then replays the epoch in one process: for every step the same global
 batch (the same rows of the epoch's permutation), the mean loss over it, the same optimizer
 (plain SGD, or OPTIMIZER, e.g. adagrad, whose state must follow). Weights must agree within
 float tolerance. Under the proportional partition every window's split must be the rule's
@@ -27,8 +27,8 @@ def main() -> int:
     partition = sys.argv[1]
     optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
     lr = {"sgd": 0.5, "adagrad": 0.1}[optimizer]
-    algorithm = ["train.algorithm=auto"] if partition == "auto" else [
-        "train.algorithm=sync", f"sync.partition={partition}"]
+    algorithm = ["train.algorithm=sync", "sync.partition=proportional", "sync.shard_update=true"] \
+        if partition == "sharded" else ["train.algorithm=sync", f"sync.partition={partition}"]
     cfg, _ = load_config("configs/tiny.yaml", [
         *algorithm, "train.epochs=1", "hetero.slowdown={1: 3.0}", f"optim.name={optimizer}",
         f"optim.lr={lr}"])
@@ -63,7 +63,7 @@ def main() -> int:
             got.append(algo.sizes.copy())
     if algo.partition == "proportional":
         np.testing.assert_array_equal(np.array(got), np.array(expected))
-    if partition == "auto":
+    if partition == "sharded":
         assert algo.sharded is not None and algo.sharded.hi - algo.sharded.lo < model.layers[-1].shape[0]
     mine = [v.numpy() for v in model.variables_list]
     everyone = c.comm.gather(mine, root=0)
