@@ -1,10 +1,10 @@
 """Side-by-side benchmark: every contender on the same data, seed and heterogeneity.
 
 Usage:
-  bash launch/bench.sh                   # 67,009 labels, 3 repeats (docs/benchmark.md)
-  bash launch/bench.sh --quick           # 13,402 labels, the quick mode
-  python -m hvd_adaptive.bench --config configs/bench.yaml --repeats 3 \
-      --algorithms sync sync_prop adaptive --scenarios even slowed quota --out runs/bench
+  bash launch/bench.sh [quick|full]      # the curve of docs/benchmark.md (3 repeats)
+  python -m hvd_adaptive.bench --config configs/bench_quick.yaml --repeats 3 \
+      --algorithms sync sync_prop adaptive auto --scenarios even slowed quota vary \
+      --slowdown 2 1.25 1.5 4 --quota-slowdown 2 --out runs/bench-quick
   python -m hvd_adaptive.bench ... --variant "adaptive_w1024=train.algorithm=adaptive,train.window_samples=1024"
 
 Fairness: each contender is its own `mpirun -np N hvd-adaptive train` run, one after the other

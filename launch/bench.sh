@@ -23,4 +23,9 @@ for part in "${parts[@]}"; do
     args=(--config configs/bench.yaml --scenarios even slowed quota --slowdown 2)
   fi
   "$VENV/bin/python" -m hvd_adaptive.bench "${args[@]}" --repeats "${REPEATS:-3}" --out "$OUT-$part" "$@"
+  # One figure per scenario, first repeat only (all repeats would bury the curves).
+  for scen in $(ls -d "$OUT-$part"/*-r0 2>/dev/null | sed 's|.*/||; s|-[^-]*-r0$||' | sort -u); do
+    "$VENV/bin/hvd-adaptive" report "$OUT-$part/$scen"-*-r0 --target "$(cat "$OUT-$part/target.txt")" \
+      --out "$OUT-$part/report-$scen.png" > /dev/null
+  done
 done

@@ -123,3 +123,30 @@ def test_balanced_partition_without_measurements_is_equal():
     # The first window has no costs yet (per-row 0): an equal split, whatever per_step says.
     got = balance.balanced_partition(10, np.zeros(3), np.array([5.0, 0.0, 0.0]))
     assert got.tolist() == [4, 3, 3] and got.sum() == 10
+
+
+def test_deadband_keeps_the_split_until_a_share_moves_beyond_it():
+    cur = np.array([256, 256])
+    # a noisy measurement between equal ranks: 6 rows either way, within 12.8 (5% of 256)
+    assert balance.keep_within_deadband(cur, np.array([250, 262]), 12.8).tolist() == [256, 256]
+    # a real 1.25x difference: 284 / 228, 28 rows away: taken
+    assert balance.keep_within_deadband(cur, np.array([284, 228]), 12.8).tolist() == [284, 228]
+    # exactly at the band still counts as noise; no band takes every change
+    assert balance.keep_within_deadband(cur, np.array([268, 244]), 12.0).tolist() == [256, 256]
+    assert balance.keep_within_deadband(cur, np.array([257, 255]), 0.0).tolist() == [257, 255]
+
+
+def test_auto_measures_both_modes_then_takes_the_better_goodput_and_probes_the_other():
+    none = {"grad": None, "avg": None}
+    assert balance.choose_mode(0, none, {}, 1.15, 6) == "grad"
+    assert balance.choose_mode(1, {"grad": 100.0, "avg": None}, {"grad": 0}, 1.15, 6) == "avg"
+    last = {"grad": 0, "avg": 1}
+    # averaging 10% faster in rows/s does not pay for its 15% more rows: gradients
+    assert balance.choose_mode(2, {"grad": 100.0, "avg": 110.0}, last, 1.15, 6) == "grad"
+    # 20% faster does
+    assert balance.choose_mode(2, {"grad": 100.0, "avg": 120.0}, last, 1.15, 6) == "avg"
+    # the mode not chosen is probed after probe_every windows without it (windows 1-6 here)
+    assert balance.choose_mode(6, {"grad": 100.0, "avg": 120.0}, {"grad": 0, "avg": 5}, 1.15, 6) == "avg"
+    assert balance.choose_mode(7, {"grad": 100.0, "avg": 120.0}, {"grad": 0, "avg": 6}, 1.15, 6) == "grad"
+    assert balance.choose_mode(8, {"grad": 100.0, "avg": 120.0}, {"grad": 7, "avg": 6}, 1.15, 6) == "avg"
+    assert balance.choose_mode(9, {"grad": 100.0, "avg": 90.0}, {"grad": 8, "avg": 1}, 1.15, 6) == "avg"
