@@ -7,7 +7,7 @@ builder records the rows of every batch trained. Checks: every row of the epoch 
 once across ranks (which rows, not only how many: a duplicated row and a dropped one would keep
 the count). For adaptive (batch sizes pinned, so only scheduling decides who takes what): no
 batch is under half the batch size, and the fast rank takes clearly more batches. For auto
-(windows of 256 rows, a probe every other window, so gradient and averaging windows alternate):
+(windows of 256 rows, the other mode probed after two windows without it, so modes alternate):
 every window's mode is the rule's (auto.choose_mode) from the rows/s the earlier windows
 measured and allgathered.
 """
@@ -25,7 +25,7 @@ def main() -> int:
         f"train.algorithm={name}", "train.epochs=1", "train.window_samples=1024",
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
         "hogbatch.round_epochs=0.25",
-        *(["train.window_samples=256", "auto.probe_every=1"] if name == "auto" else [])])
+        *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5"] if name == "auto" else [])])
     c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms import base, hogbatch

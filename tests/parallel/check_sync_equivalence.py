@@ -26,12 +26,15 @@ from hvd_adaptive.config import load_config
 def main() -> int:
     partition = sys.argv[1]
     optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
-    lr = {"sgd": 0.5, "adagrad": 0.1}[optimizer]
+    # Adagrad's accumulators start at 0, so a row's first step is lr x sign(g): for a gradient
+    # of float-noise size the summation order of two processes decides it. eps 0.01 damps steps
+    # of gradients far below it, so the comparison sees the update rule, not the noise.
+    opt_sets = {"sgd": ["optim.lr=0.5"], "adagrad": ["optim.lr=0.1", "optim.eps=0.01"]}[optimizer]
     algorithm = ["train.algorithm=sync", "sync.partition=proportional", "sync.shard_update=true"] \
         if partition == "sharded" else ["train.algorithm=sync", f"sync.partition={partition}"]
     cfg, _ = load_config("configs/tiny.yaml", [
         *algorithm, "train.epochs=1", "hetero.slowdown={1: 3.0}", f"optim.name={optimizer}",
-        f"optim.lr={lr}"])
+        *opt_sets])
     c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms.base import chunks
