@@ -55,13 +55,21 @@ def mpirun(n: int, args: list[str], timeout: float = 240, **env: str) -> subproc
     return run(cmd, timeout, mpi_env(**env))
 
 
+def train_args(run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",
+               resume: bool = False) -> list[str]:
+    """The arguments of `python -m hvd_adaptive.cli train` into run_dir, each set a --set."""
+    args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
+    if resume:
+        args.append("--resume")
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
 def train(n: int, run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",
           timeout: float = 240) -> dict:
     """Trains through the real CLI on n ranks; returns summary.json (asserts success)."""
-    args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
-    for s in sets:
-        args += ["--set", s]
-    p = mpirun(n, args, timeout=timeout)
+    p = mpirun(n, train_args(run_dir, *sets, config=config), timeout=timeout)
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
     return json.loads((run_dir / "summary.json").read_text())
 

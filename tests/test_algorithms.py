@@ -1,7 +1,10 @@
 """Adaptive SGD and the baselines on 2 real MPI ranks (issue: adaptive SGD and baselines)."""
+import json
+
 import numpy as np
 import pytest
 
+from hvd_adaptive import balance
 from hvd_adaptive.algorithms.base import chunks
 from mpirun import mpirun, records, train
 
@@ -131,3 +134,68 @@ def test_the_algorithm_hears_each_evaluations_weight_norm(tmp_path):
     state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])
     last = records(run, "eval")[-1]
     assert last["epoch"] == 2.0 and state["adaptive.prev_norm"] == pytest.approx(last["weight_norm"], abs=1e-4)
+
+
+# One adaptive run for the learning-rate, merge-weight and normalization rules (issue 20): a
+# warm-up epoch of three, then batch sizes that differ (rank 1 slowed), learning rates scaled
+# by them and decaying, merge weights from the rows each rank took, tilted while the weights'
+# L2 norm shrinks between evaluations (one after every window). Without weight decay the norm
+# only grew here; with 0.003 it fell during warm-up and at times later, and grew otherwise.
+RULES = ("train.algorithm=adaptive", "hetero.slowdown={1: 3.0}", "train.epochs=3",
+         "train.eval_every=0.25", "adaptive.warmup_epochs=1", "adaptive.lr_decay=0.5",
+         "adaptive.lr_scaling=linear", "adaptive.weights=rows", "adaptive.norm_mode=shrink",
+         "optim.weight_decay=0.003")
+
+
+@pytest.fixture(scope="module")
+def rules_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("rules") / "run"
+    train(2, run, *RULES)
+    return run, json.loads((run / "config.json").read_text())
+
+
+@pytest.mark.mpi
+def test_each_ranks_learning_rate_follows_warm_up_decay_and_its_batch_size(rules_run):
+    run, cfg = rules_run
+    a, lr0 = cfg["adaptive"], cfg["optim"]["lr"]
+    b_max, warmup = a["b_max"] or cfg["train"]["batch_size"], a["warmup_epochs"]
+    start = 0.0  # epochs done when the window began: the rate is set from there
+    seen = {"ramp": 0, "decay": 0, "sizes differ": 0}
+    for rec in records(run, "round"):
+        sizes = [r["batch_size"] for r in rec["ranks"]]
+        for r in rec["ranks"]:
+            if start < warmup:  # warm-up ends after the window that reaches warmup_epochs
+                assert r["batch_size"] == a["b_warm"], rec
+                want = balance.warmup_lr(lr0, a["b_warm"], b_max, start, warmup)
+            else:
+                want = balance.adaptive_lr(lr0, r["batch_size"], b_max, start, warmup, a["lr_decay"])
+            assert r["lr"] == pytest.approx(want, rel=1e-6), (rec["round"], r["rank"], start, sizes)
+        seen["ramp"] += 0 < start < warmup
+        seen["decay"] += start > warmup
+        seen["sizes differ"] += len(set(sizes)) > 1
+        start = rec["epoch"]  # the next window starts where this one ended
+    assert all(seen.values()), seen  # every part of the rule was exercised
+
+
+@pytest.mark.mpi
+def test_merge_weights_are_row_shares_tilted_while_the_weight_norm_shrinks(rules_run):
+    run, cfg = rules_run
+    factor = cfg["adaptive"]["norm_factor"]
+    prev, boost, compared = None, False, False
+    seen = {"boosted": 0, "not boosted after a rise": 0, "rows differ from batches": 0}
+    for rec in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()):
+        if rec["event"] == "eval":  # norm_mode shrink: boost the next merges if the norm fell
+            compared = prev is not None
+            boost = compared and rec["weight_norm"] < prev
+            prev = rec["weight_norm"]
+        elif rec["event"] == "round":
+            rows = np.array([r["samples"] for r in rec["ranks"]], float)
+            batches = np.array([r["batches"] for r in rec["ranks"]], float)
+            shares = rows / rows.sum()
+            assert [r["share"] for r in rec["ranks"]] == pytest.approx(shares, abs=1e-4), rec
+            want = balance.merge_weights(shares, boost, factor)
+            assert [r["weight"] for r in rec["ranks"]] == pytest.approx(want, abs=1e-5), (rec, boost)
+            seen["boosted"] += boost
+            seen["not boosted after a rise"] += compared and not boost
+            seen["rows differ from batches"] += bool(np.abs(shares - batches / batches.sum()).max() > 0.01)
+    assert all(seen.values()), seen
