@@ -12,6 +12,8 @@ from mpirun import REPO, mpi_env
 from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
                          read_predictions, trained_run)
 
+pytestmark = pytest.mark.mpi  # every test here uses a trained run (TensorFlow, a whole training)
+
 # Reads XC rows with plain Python and serves them through the SavedModel's signature.
 LOADER = r"""
 import json, sys

@@ -13,6 +13,8 @@ from hvd_adaptive.metrics import finalize, metric_sums
 from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
                          read_predictions, trained_run)
 
+pytestmark = pytest.mark.mpi  # every test here uses a trained run (mpirun, TensorFlow)
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
