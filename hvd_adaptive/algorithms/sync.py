@@ -108,7 +108,8 @@ class Sync(Algorithm):
                 rows = np.arange(min(size, self.ctx.train.n_rows))
                 _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
                 if self.sharded:
-                    self.sharded.finish(self._update(self.sharded.reduce(grads)))
+                    self._update(self.sharded.reduce(grads))
+                    self.sharded.finish()
                 else:
                     self._update(self._allreduce(grads))
         if self.sharded:  # the traced steps moved the shard: take it back from the full layer
@@ -246,7 +247,7 @@ class ShardedUpdate:
             self.full.assign(hvd.allgather(self.part, name="shard_gather"))
             return tf.constant(0.0)
 
-        self.reduce, self._gather = reduce, gather
+        self.reduce, self.finish = reduce, gather
 
     def apply(self, grads) -> None:
         """The optimizer step: the whole update for every other variable, this rank's rows for
@@ -259,10 +260,7 @@ class ShardedUpdate:
 
     def setup(self) -> None:
         self.reshard()
-        self._gather()  # pays Horovod's first allgather before the clock starts
-
-    def finish(self, *_) -> None:
-        self._gather()
+        self.finish()  # pays Horovod's first allgather before the clock starts
 
     def reshard(self) -> None:
         """This rank's slice of the layer and of its optimizer state, from the whole ones."""
