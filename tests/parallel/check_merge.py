@@ -79,7 +79,10 @@ def main() -> int:
     windows = boosted = 0
     kinds = set()  # how many ranks touched a row: 0, 1, ... (row-normalized modes)
     while True:
-        if windows == 3 and mode == "plain":
+        # Window 1 is the first whose rows follow the measured speeds while the batch sizes are
+        # still equal, so its batch counts differ; later windows shrink the slow rank's batches
+        # and the counts (the merge weights) can come out equal (seen in CI: no tilted window).
+        if windows == 1 and mode == "plain":
             algo.on_eval(1.0)  # the norm grew between two evaluations: "grow" boosts
             algo.on_eval(2.0)
             assert algo.boost
