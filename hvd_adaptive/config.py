@@ -376,8 +376,23 @@ class HeteroConfig:
     process gets a cgroup CPU quota of threads / factor cores, as a slower machine (root)."""
     jitter: float = 0.0
     """Random extra wait, uniform in [0, jitter] x compute time, on every rank (sleep mode)."""
+    cores: list[float] = field(default_factory=list)
+    """A cluster profile (cpu_quota mode): rank i's whole process gets cores[i] CPUs' worth of
+    time in its own cgroup, e.g. [0.5, 0.5, 0.5, 0.25] for three ranks at half a core and one
+    at a quarter. One entry per rank; the ranks of a node may not be given more cores than the
+    node has. Replaces `slowdown`: a rank's speed is given directly."""
 
     def validate(self, path: str) -> None:
+        if self.cores:
+            bad = [c for c in self.cores if not c > 0]
+            if bad:
+                raise ConfigError(f"{path}.cores: every rank's cores must be > 0, got {self.cores}")
+            if self.mode != "cpu_quota":
+                raise ConfigError(f"{path}.cores: a cluster profile is a set of real CPU quotas; "
+                                  f"set {path}.mode=cpu_quota (got {self.mode})")
+            if self.slowdown or self.schedule:
+                raise ConfigError(f"{path}.cores: gives each rank's speed directly; leave "
+                                  f"{path}.slowdown and {path}.schedule empty")
         for r, f in self.slowdown.items():
             if r < 0 or f < 1.0:
                 raise ConfigError(f"{path}.slowdown: needs rank >= 0 and factor >= 1, got {r}: {f}")

@@ -163,6 +163,18 @@ def allgather(comm, obj: Any) -> list:
     return comm.allgather(obj)
 
 
+def node_allgather(comm, obj: Any) -> list:
+    """allgather among the ranks on this rank's node (MPI's shared-memory split: the node as
+    MPI and Horovod's local_size see it)."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.allgather(obj)
+    finally:
+        node.Free()
+
+
 def allreduce_sum_np(comm, arr: np.ndarray) -> np.ndarray:
     """Sum of a small numpy array over ranks (metric sums)."""
     from mpi4py import MPI

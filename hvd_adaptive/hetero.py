@@ -12,6 +12,13 @@ Two modes (config `hetero.mode`), the same for every algorithm:
   would be: its communication and waiting slow down too. Needs root (or a delegated cgroup);
   where the quota cannot be set, start-up fails with a clear error rather than run unslowed.
 
+``hetero.cores`` (cpu_quota mode) is a cluster profile: rank i's process gets cores[i] CPUs'
+worth of time in its own cgroup, so four ranks at half a core fit two cores without contending
+(`check_profile` refuses a profile the ranks' nodes cannot hold).
+
+Every quota's cgroup is removed when its rank exits, also when the rank is killed: a small
+watcher process outside the cgroup removes it once the rank is gone (`CpuQuota.watch`).
+
 ``hetero.schedule`` changes the factors with training progress (sleep mode): each window
 takes the phase its first row falls in.
 
@@ -22,6 +29,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -46,6 +55,7 @@ class Heterogeneity:
         self.mode = cfg.mode
         self.rank = rank
         self.factor = float(cfg.slowdown.get(rank, 1.0))
+        self.cores = cfg.cores
         self.schedule = cfg.schedule
         self.jitter = cfg.jitter
         self.rng = np.random.default_rng(1000 + rank)
@@ -92,15 +102,27 @@ class Heterogeneity:
             time.sleep(extra)
             self.injected_s += extra
 
+    def quota_cores(self, threads: int) -> Optional[float]:
+        """This rank's CPU quota in cores: its entry of the profile (`hetero.cores`), or
+        threads / factor for a rank slowed in cpu_quota mode; None without a quota."""
+        if self.mode != "cpu_quota":
+            return None
+        if self.cores:
+            return float(self.cores[self.rank])
+        return threads / self.factor if self.factor > 1.0 else None
+
     def start(self, threads: int, tag: str) -> Optional[str]:
         """Applies the CPU quota in cpu_quota mode; returns a line describing it (or None)."""
-        if self.mode != "cpu_quota" or self.factor <= 1.0:
+        cores = self.quota_cores(threads)
+        if cores is None:
             return None
-        self.quota = CpuQuota(f"hvd_adaptive-{tag}", cores=threads / self.factor)
+        self.quota = CpuQuota(f"hvd_adaptive-{tag}", cores=cores)
+        self.quota.watch(os.getpid())
         self.quota.enter(os.getpid())
         atexit.register(self.quota.remove)
-        return (f"cpu quota {self.quota.cores:.2f} core(s) ({self.quota.where}) for a "
-                f"{self.factor:g}x slowdown of {threads} thread(s)")
+        why = ("the cluster profile (hetero.cores)" if self.cores
+               else f"a {self.factor:g}x slowdown of {threads} thread(s)")
+        return f"cpu quota {self.quota.cores:.2f} core(s) ({self.quota.where}) for {why}"
 
     def state(self) -> dict:
         return {"rng": self.rng.bit_generator.state}
@@ -157,6 +179,21 @@ class CpuQuota:
             raise RuntimeError(f"hetero.mode=cpu_quota: cannot move process {pid} into "
                                f"{self.path}: {e.strerror or e}") from None
 
+    def watch(self, pid: int) -> None:
+        """Starts a watcher, outside the cgroup and its creator's session, that removes the
+        cgroup once process `pid` is gone: a rank killed by a signal runs no exit handler."""
+        subprocess.Popen([sys.executable, "-c", _WATCHER, str(pid), str(self.path), str(self.root)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+    def cores_set(self) -> float:
+        """The quota as the cgroup holds it, in cores (read back from the kernel's file)."""
+        if self.version == 1:
+            quota, period = _read(self.path / "cpu.cfs_quota_us"), _read(self.path / "cpu.cfs_period_us")
+        else:
+            quota, period = _read(self.path / "cpu.max").split()
+        return int(quota) / int(period)
+
     def pids(self) -> list[int]:
         return [int(x) for x in _read(self.path / "cgroup.procs").split()]
 
@@ -173,6 +210,56 @@ class CpuQuota:
             self.path.rmdir()
         except OSError:
             pass
+
+
+# Run as `python -c _WATCHER PID CGROUP ROOT` (standard library only: it starts in a blink and
+# holds a few MB): waits for PID to end, then moves anything left to ROOT and removes CGROUP.
+_WATCHER = """
+import os, sys, time
+pid, path, root = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+while os.path.exists(path):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        break
+    except PermissionError:
+        pass
+    time.sleep(0.2)
+try:
+    for p in open(os.path.join(path, "cgroup.procs")).read().split():
+        try:
+            open(os.path.join(root, "cgroup.procs"), "w").write(p)
+        except OSError:
+            pass
+    os.rmdir(path)
+except OSError:
+    pass
+"""
+
+
+def check_profile(cores: list[float], rank: int, size: int, node_cores: list[float]) -> None:
+    """Refuses a cluster profile (`hetero.cores`) the job cannot hold.
+
+    Args:
+        cores: the profile, one entry per rank.
+        rank, size: this rank and the job's size.
+        node_cores: the profile's entries of the ranks on this rank's node.
+
+    Raises:
+        ConfigError: a profile of another length than the job, or more cores on a node than
+            it has (os.sched_getaffinity: what this process may run on).
+    """
+    from hvd_adaptive.config import ConfigError
+
+    if not cores:
+        return
+    if len(cores) != size:
+        raise ConfigError(f"hetero.cores: the profile has {len(cores)} entries for {size} "
+                          f"rank(s): give one per rank, got {cores}")
+    have = len(os.sched_getaffinity(0))
+    if sum(node_cores) > have + 1e-9:
+        raise ConfigError(f"hetero.cores: the ranks on rank {rank}'s node ask for "
+                          f"{sum(node_cores):g} cores ({node_cores}) but the node has {have}")
 
 
 def _remove_stale(root: Path, prefix: str) -> None:

@@ -35,9 +35,9 @@ from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, check_fits, load_data
-from hvd_adaptive.distributed import Cluster, allgather
+from hvd_adaptive.distributed import Cluster, allgather, node_allgather
 from hvd_adaptive.evaluation import Evaluator
-from hvd_adaptive.hetero import Heterogeneity
+from hvd_adaptive.hetero import Heterogeneity, check_profile
 from hvd_adaptive.metrics import inverse_propensities, most_frequent_label_p1
 from hvd_adaptive.model import Optimizer, SparseMLP
 from hvd_adaptive.runlog import RunLog
@@ -61,6 +61,9 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
             f"features, {train_ds.n_labels} labels ({time.perf_counter() - t_load:.1f} s); "
             f"most-frequent-label P@1 {base_p1:.4f}")
     hetero = Heterogeneity(cfg.hetero, cluster.rank)
+    if cfg.hetero.cores:  # every rank has the same config: all or none take this collective
+        mine = cfg.hetero.cores[cluster.rank] if cluster.rank < len(cfg.hetero.cores) else 0.0
+        check_profile(cfg.hetero.cores, cluster.rank, cluster.size, node_allgather(cluster.comm, mine))
     quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
     if quota:  # every rank may print: only the slowed ones have a quota
         print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
@@ -220,8 +223,12 @@ class Trainer:
         summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(self.algo.model))
         # Peak resident memory of each rank's process so far (Linux reports kilobytes).
         peak = allgather(cluster.comm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        for rec, mb in zip(summary["per_rank"], peak):
+        # Each rank's CPU quota as its cgroup holds it (cpu_quota mode), read back from the kernel.
+        quota = self.algo.hetero.quota
+        cores = allgather(cluster.comm, quota.cores_set() if quota else None)
+        for rec, mb, c in zip(summary["per_rank"], peak, cores):
             rec["peak_rss_mb"] = round(mb, 1)
+            rec["quota_cores"] = c
         log.write_json("summary.json", summary)
         log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
                 f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "

@@ -268,13 +268,17 @@ def node_cluster(nodes):
 @pytest.mark.parametrize("per_node, algorithm", [(1, "adaptive"), (2, "sync")])
 def test_train_sbatch_on_two_nodes(nodes, node_cluster, per_node, algorithm):
     run_dir = node_cluster.workdir / "runs" / f"{algorithm}-{per_node}"
+    # 2 x 2 ranks under a cluster profile: each rank's quota in its own cgroup on its own node.
+    cores = [0.5, 0.5, 0.25, 0.25]
+    profile = ["--set", f"hetero.cores={cores}", "--set", "hetero.mode=cpu_quota",
+               "--set", "train.threads=1"] if per_node == 2 else []
     out = node_cluster.workdir / "jobs" / f"{algorithm}-{per_node}.out"
     venv = os.environ.get("HVD_ADAPTIVE_VENV")
     result = node_cluster.sbatch_wait(
         [*([f"--export=ALL,HVD_ADAPTIVE_VENV={venv}"] if venv else []),
          "--nodes=2", f"--ntasks-per-node={per_node}", f"--output={out}", "slurm/train.sbatch",
          "--config", "configs/tiny.yaml", "--run-dir", str(run_dir),
-         "--set", f"train.algorithm={algorithm}"], timeout=300, cwd=REPO)
+         "--set", f"train.algorithm={algorithm}", *profile], timeout=300, cwd=REPO)
     text = out.read_text(errors="replace") if out.exists() else "(no job output)"
     explain = f"exit {result.returncode}: {result.stderr}\n{text[-3000:]}\n" + node_cluster.slurmd_log()[-2000:]
     assert result.returncode == 0, explain
@@ -284,6 +288,9 @@ def test_train_sbatch_on_two_nodes(nodes, node_cluster, per_node, algorithm):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ranks"] == 2 * per_node
     assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"] + 0.15, summary
+    if profile:
+        assert [r["quota_cores"] for r in summary["per_rank"]] == cores, summary["per_rank"]
+        assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), "cgroups left behind"
     fp = np.array(summary["replica_fingerprints"])
     for other in fp[1:]:
         np.testing.assert_allclose(other, fp[0], rtol=1e-6)

@@ -1,0 +1,91 @@
+"""A cluster profile on one machine (issue: a heterogeneous cluster of ranks): `hetero.cores`
+gives every rank its own real cgroup CPU quota (hvd_adaptive/hetero.py)."""
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvd_adaptive.config import ConfigError, load_config
+from hvd_adaptive.hetero import check_profile
+from hvd_adaptive.run import mpirun_command
+from mpirun import REPO, job_group, mpi_env, mpirun, train, train_args
+
+CPU = Path("/sys/fs/cgroup/cpu")
+PROFILE = "hetero.cores=[0.5, 0.5, 0.5, 0.25]"
+QUOTA = ("hetero.mode=cpu_quota", "train.threads=1")
+
+
+def left_behind() -> list[Path]:
+    return sorted(CPU.glob("hvd_adaptive-rank*"))
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["hetero.cores=[0.5, 0]", "hetero.mode=cpu_quota"], r"hetero.cores: every rank's cores must be > 0"),
+    (["hetero.cores=[0.5, 0.5]"], r"hetero.cores: .* set hetero.mode=cpu_quota \(got sleep\)"),
+    (["hetero.cores=[0.5, 0.5]", "hetero.mode=cpu_quota", "hetero.slowdown={1: 2}"],
+     r"hetero.cores: gives each rank's speed directly"),
+])
+def test_bad_profiles_in_the_config_are_clear_errors(sets, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/tiny.yaml", sets)
+
+
+def test_a_profile_must_fit_the_job_and_the_node():
+    node = len(os.sched_getaffinity(0))
+    check_profile([0.5, 0.25], 0, 2, [0.5, 0.25])  # fits: no error
+    with pytest.raises(ConfigError, match=r"hetero.cores: the profile has 3 entries for 2 rank"):
+        check_profile([0.5, 0.5, 0.5], 0, 2, [0.5, 0.5])
+    with pytest.raises(ConfigError, match=rf"rank 1's node ask for {node + 1:g} cores .* node has {node}"):
+        check_profile([node / 2 + 0.5] * 2, 1, 2, [node / 2 + 0.5] * 2)
+
+
+@pytest.mark.mpi
+def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_path):
+    s = train(4, tmp_path / "run", PROFILE, *QUOTA, "train.algorithm=adaptive", "train.epochs=1",
+              timeout=300)
+    got = [r["quota_cores"] for r in s["per_rank"]]
+    assert got == [0.5, 0.5, 0.5, 0.25], f"quotas read back from the ranks' cgroups: {got}"
+    rates = np.array([r["standalone_rate"] for r in s["per_rank"]])
+    # Half a core against a quarter: 2x (1.97 and 2.05 seen here), blurred by the quota's
+    # 100 ms periods within a 2 s measurement and by the two cores' memory bandwidth (the
+    # half-core ranks 1.16-1.22x apart). The sum of the steps' spans alone said 1.45.
+    ratio = np.median(rates[:3]) / rates[3]
+    assert 1.6 < ratio < 2.6, f"standalone rows/s {rates}: the quarter-core rank at 1/{ratio:.2f}"
+    assert rates[:3].max() / rates[:3].min() < 1.5, f"the three half-core ranks differ: {rates}"
+    assert not left_behind(), "the run left its cgroups behind"
+
+
+@pytest.mark.mpi
+def test_a_profile_larger_than_the_node_is_refused_before_training(tmp_path):
+    node = len(os.sched_getaffinity(0))
+    p = mpirun(2, train_args(tmp_path / "run", f"hetero.cores=[{node}, 1]", *QUOTA), timeout=120)
+    assert p.returncode != 0
+    assert f"hetero.cores: the ranks on rank 0's node ask for {node + 1} cores" in p.stdout + p.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or "round" not in \
+        (tmp_path / "run" / "metrics.jsonl").read_text()
+    assert not left_behind()
+
+
+@pytest.mark.mpi
+def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
+    cmd, _ = mpirun_command(2, train_args(tmp_path / "run", "hetero.cores=[0.5, 0.5]", *QUOTA,
+                                          "train.epochs=1000"))
+    with job_group(cmd, env=mpi_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL):
+        deadline = time.time() + 120
+        while len(left_behind()) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        groups = left_behind()
+        assert len(groups) == 2, f"the two ranks' cgroups never appeared: {groups}"
+        ranks = [int(p) for g in groups for p in (g / "cgroup.procs").read_text().split()]
+        assert len(ranks) >= 2, ranks
+        for pid in ranks:  # as the OOM killer or a node failure would: no exit handler runs
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 10
+        while left_behind() and time.time() < deadline:
+            time.sleep(0.2)
+        assert not left_behind(), f"killed ranks left their cgroups: {left_behind()}"
