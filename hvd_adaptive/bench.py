@@ -224,7 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--set", action="append", default=[], help="extra overrides for every run")
     ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--scaling", type=int, nargs="+", default=None, metavar="RANKS",
+                    help="the scaling benchmark instead of --scenarios: these rank counts under "
+                         "cluster profiles (hvd_adaptive/scaling.py), e.g. 1 2 4 8")
+    ap.add_argument("--core", type=float, default=0.25,
+                    help="--scaling: cores of a full-speed rank (its cgroup CPU quota)")
+    ap.add_argument("--profiles", nargs="+", default=["equal", "half"], choices=["equal", "half"],
+                    help="--scaling: the cluster profiles to run")
     a = ap.parse_args(argv)
+    if a.scaling and (min(a.scaling) < 1 or a.core <= 0):
+        raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
     contenders = {name: CONTENDERS[name] for name in a.algorithms}
     contenders.update(parse_variants(a.variant))
     out = Path(a.out)
@@ -238,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         target = 0.9 * ref["summary"]["final"]["p_at_1"]
         print(f"[bench] target P@1 {target:.4f} (90% of {ref['summary']['final']['p_at_1']:.4f})", flush=True)
     (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
+    if a.scaling:
+        return run_scaling(a, contenders, target, out, t0)
     phases: dict = {}
     for rep in range(a.repeats):
         for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
@@ -266,6 +277,36 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench.txt").write_text(text)
     print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
           f"--out {out}/report.png")
+    return 0
+
+
+def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Path, t0: float) -> int:
+    """The scaling benchmark (hvd_adaptive/scaling.py): every contender at every rank count of
+    every profile, interleaved per repeat; writes bench.txt and scaling.json."""
+    from hvd_adaptive import scaling
+
+    results: dict = {}
+    for rep in range(a.repeats):
+        for kind, n in scaling.points(a.profiles, a.scaling):
+            label, sets = scaling.profile_sets(kind, n, a.core)
+            # One rank: minibatch SGD whatever the contender (speedups are over this run).
+            runs = {"sync": CONTENDERS["sync"]} if n == 1 else contenders
+            for name, csets in runs.items():
+                print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
+                      flush=True)
+                res = run_one(a.config, n, csets + a.set + sets + [f"train.target_p_at_1={target}"],
+                              out / f"{kind}{n}-{name}-r{rep}")
+                results.setdefault((kind, n), {}).setdefault(name, []).append(res)
+                t = time_to_target(res["evals"], target)
+                print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
+    data = scaling.rows(results, target)
+    text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
+            f"target P@1 {target:.4f}, medians over {a.repeats} repeat(s), overrides "
+            f"{a.set or 'none'}\n{scaling.table(data)}\n")
+    print(text)
+    (out / "bench.txt").write_text(text)
+    scaling.save(data, target, a.core, out / "scaling.json")
+    print(f"figure: hvd-adaptive report --scaling {out}/scaling.json --out {out}/scaling.png")
     return 0
 
 

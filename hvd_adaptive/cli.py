@@ -136,9 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_synth)
 
     r = sub.add_parser("report", help="plot P@1 against wall time from run folders")
-    r.add_argument("runs", nargs="+", help="run folders (each with metrics.jsonl)")
+    r.add_argument("runs", nargs="*", help="run folders (each with metrics.jsonl)")
     r.add_argument("--out", default="report.png", help="figure file (PNG)")
     r.add_argument("--target", type=float, help="P@1 target for the time-to-target column")
+    r.add_argument("--scaling", metavar="JSON", help="instead of run folders: the scalability "
+                   "figure from the scaling benchmark's scaling.json (hvd_adaptive/scaling.py)")
     r.set_defaults(fn=_report)
 
     w = sub.add_parser("sweep", help="grid sweeps from a config's sweep: section")

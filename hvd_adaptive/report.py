@@ -240,6 +240,13 @@ def plot(runs: list[Run], out: str | Path, target: Optional[float]) -> Path:
     acc.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if len(runs) * max((len(rec["ranks"]) for r in runs for rec in r.rounds), default=0) <= 16:
         bs.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return save_png(fig, out)
+
+
+def save_png(fig, out: str | Path) -> Path:
+    """Writes a matplotlib figure to `out` (PNG, its folder created) and closes it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -254,6 +261,15 @@ def main(args: argparse.Namespace) -> int:
         raise ReportError(f"--target: a P@1 in (0, 1], got {args.target}")
     if Path(args.out).suffix.lower() != ".png":
         raise ReportError(f"--out {args.out}: the figure is written as PNG; name it *.png")
+    if getattr(args, "scaling", None):
+        from hvd_adaptive import scaling
+
+        if args.runs:
+            raise ReportError("--scaling draws from its JSON file alone: give no run folders")
+        print(f"figure: {scaling.plot(args.scaling, args.out)}")
+        return 0
+    if not args.runs:
+        raise ReportError("give one or more run folders (or --scaling FILE)")
     runs = load_runs(args.runs)
     target = args.target if args.target is not None else default_target(runs)
     print(format_table(table_rows(runs, target), target))

@@ -7,6 +7,8 @@
 #   bash launch/bench.sh quick           # 13,402 labels: rank 1 slowed 1, 1.25, 1.5, 2, 4x (sleep),
 #                                        #   a half-core quota, 2x slower for the middle third
 #   bash launch/bench.sh full            # 67,009 labels: equal ranks, rank 1 slowed 2x, half-core quota
+#   bash launch/bench.sh scaling         # 13,402 labels on 1, 2, 4, 8 ranks at a quarter core each
+#                                        #   (cgroup quotas), and with half the ranks at an eighth
 #   REPEATS=1 bash launch/bench.sh full --algorithms sync auto   # extra arguments go to every part
 # Times here (2 cores): docs/benchmark.md.
 set -euo pipefail
@@ -14,9 +16,15 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_ADAPTIVE_VENV:-$REPO/.venv}
 OUT=${OUT:-runs/bench}
 parts=(quick full)
-case "${1:-}" in quick|full) parts=("$1"); shift ;; esac
+case "${1:-}" in quick|full|scaling) parts=("$1"); shift ;; esac
 cd "$REPO"
 for part in "${parts[@]}"; do
+  if [ "$part" = scaling ]; then
+    "$VENV/bin/python" -m hvd_adaptive.bench --config configs/bench_quick.yaml --scaling 1 2 4 8 \
+      --core 0.25 --repeats "${REPEATS:-3}" --out "$OUT-$part" "$@"
+    "$VENV/bin/hvd-adaptive" report --scaling "$OUT-$part/scaling.json" --out "$OUT-$part/scaling.png"
+    continue
+  fi
   if [ "$part" = quick ]; then
     args=(--config configs/bench_quick.yaml --scenarios even slowed quota vary --slowdown 2 1.25 1.5 4 --quota-slowdown 2)
   else

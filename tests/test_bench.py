@@ -59,3 +59,44 @@ def test_scenarios_per_factor_and_schedule():
 def test_every_algorithm_is_a_contender():
     assert all(CONTENDERS[name] == [f"train.algorithm={name}"] for name in ALGORITHMS)
     assert {"sync_prop", "adaptive_paper"} <= set(CONTENDERS)
+
+
+def test_scaling_profiles_points_and_table(tmp_path):
+    from hvd_adaptive import scaling
+
+    assert scaling.profile_cores("equal", 4, 0.25) == [0.25] * 4
+    assert scaling.profile_cores("half", 8, 0.25) == [0.25] * 4 + [0.125] * 4
+    assert scaling.profile_cores("half", 1, 0.25) == [0.25]
+    assert scaling.profile_sets("half", 2, 0.5)[1] == ["hetero.cores=[0.5, 0.25]", "hetero.mode=cpu_quota",
+                                                       "train.threads=1"]
+    # one rank once (sync alone), then every profile at every larger count
+    assert scaling.points(["equal", "half"], [1, 2, 4]) == [("equal", 1), ("equal", 2), ("equal", 4),
+                                                          ("half", 2), ("half", 4)]
+    one = run([0.2, 0.5], 1.0, rates=(100.0,))  # 0.45 at 1.83 s, 183 rows
+    for r in (one,):
+        r["summary"]["per_rank"][0]["peak_rss_mb"] = 500.0
+    two = run([0.5], 1.0, rates=(100.0, 100.0))  # 0.45 at 1.0 s, 100 rows
+    two["summary"]["per_rank"][1]["peak_rss_mb"] = 520.0
+    data = scaling.rows({("equal", 1): {"sync": [one]}, ("equal", 2): {"adaptive": [two]}}, 0.45)
+    got = {(r["ranks"], r["contender"]): r for r in data}
+    assert got[(2, "adaptive")]["speedup"] == pytest.approx(1.8333, rel=1e-3)
+    assert got[(1, "sync")]["speedup"] == pytest.approx(1.0)
+    assert got[(2, "adaptive")]["peak_mb"] == 520.0
+    assert got[(2, "adaptive")]["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
+    lines = scaling.table(data).splitlines()
+    assert lines[0].split()[:4] == ["profile", "ranks", "contender", "s->target"]
+    assert lines[2].split()[:7] == ["equal", "2", "adaptive", "1.0", "100", "100", "1.83"]
+    # of_limit: the scenario has no sync run at 2 ranks, so no limit: "-"
+    assert lines[2].split()[8] == "-"
+    scaling.save(data, 0.45, 0.25, tmp_path / "scaling.json")
+    png = scaling.plot(tmp_path / "scaling.json", tmp_path / "s.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_scaling_figure_names_a_bad_file(tmp_path):
+    from hvd_adaptive import scaling
+    from hvd_adaptive.report import ReportError
+
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ReportError, match="x.json: not a scaling.json"):
+        scaling.plot(tmp_path / "x.json", tmp_path / "s.png")
