@@ -15,7 +15,9 @@ One rank runs sync only (minibatch SGD: every contender is that on one rank); th
 contender at n ranks is that one rank's time to the target over the contender's own.
 
 Columns per profile, rank count and contender (medians over repeats): time and rows to the
-target, rows/s, speedup over one rank, efficiency (rows/s over the sum of the ranks' standalone
+target, rows/s, speedup over one rank, its ceiling (the sum of the ranks' standalone rates over one
+rank's: ranks running at once share the machine's caches and memory bandwidth, so n ranks at a
+quarter core each train slower per rank than one rank alone), efficiency (rows/s over the sum of the ranks' standalone
 rates), the fraction of the limit (sync's rows to the target at that sum), the share of all ranks'
 time in communication (allreduces, merges, timing exchanges) and in waiting, and the largest
 peak resident memory of a rank.
@@ -57,6 +59,7 @@ def rows(results: dict, target: float) -> list[dict]:
 
     one = results.get(("equal", 1), {}).get("sync", [])
     t1 = _median([measures(r, target)["t"] for r in one])
+    rate1 = limits({"sync": one}, target)["rate"] if one else None
     out = []
     for (kind, n), algos in results.items():
         lim = limits(algos, target)
@@ -68,6 +71,7 @@ def rows(results: dict, target: float) -> list[dict]:
                         "samples": med["samples"], "rate": med["rate"], "eff": med["eff"],
                         "of_limit": med["of_limit"],
                         "speedup": t1 / med["t"] if t1 and med["t"] else None,
+                        "ceiling": lim["rate"] / rate1 if rate1 else None,
                         "comm": (med["comm_s"] or 0.0) + (med["sync_s"] or 0.0),
                         "wait": med["wait_s"], "peak_mb": peak, "repeats": len(runs)})
     return out
@@ -75,7 +79,7 @@ def rows(results: dict, target: float) -> list[dict]:
 
 COLUMNS = (("profile", "profile", "{}"), ("ranks", "ranks", "{}"), ("contender", "contender", "{}"),
            ("s->target", "t", "{:.1f}"), ("rows->tgt", "samples", "{:.0f}"), ("rows/s", "rate", "{:.0f}"),
-           ("speedup", "speedup", "{:.2f}"), ("effic.", "eff", "{:.2f}"), ("of_limit", "of_limit", "{:.2f}"),
+           ("speedup", "speedup", "{:.2f}"), ("ceiling", "ceiling", "{:.2f}"), ("effic.", "eff", "{:.2f}"), ("of_limit", "of_limit", "{:.2f}"),
            ("comm", "comm", "{:.2f}"), ("wait", "wait", "{:.2f}"), ("peak MB", "peak_mb", "{:.0f}"))
 
 

@@ -81,13 +81,14 @@ def test_scaling_profiles_points_and_table(tmp_path):
     got = {(r["ranks"], r["contender"]): r for r in data}
     assert got[(2, "adaptive")]["speedup"] == pytest.approx(1.8333, rel=1e-3)
     assert got[(1, "sync")]["speedup"] == pytest.approx(1.0)
+    assert got[(2, "adaptive")]["ceiling"] == pytest.approx(2.0)  # 200 rows/s over one rank's 100
     assert got[(2, "adaptive")]["peak_mb"] == 520.0
     assert got[(2, "adaptive")]["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
     lines = scaling.table(data).splitlines()
     assert lines[0].split()[:4] == ["profile", "ranks", "contender", "s->target"]
-    assert lines[2].split()[:7] == ["equal", "2", "adaptive", "1.0", "100", "100", "1.83"]
+    assert lines[2].split()[:8] == ["equal", "2", "adaptive", "1.0", "100", "100", "1.83", "2.00"]
     # of_limit: the scenario has no sync run at 2 ranks, so no limit: "-"
-    assert lines[2].split()[8] == "-"
+    assert lines[2].split()[9] == "-"
     scaling.save(data, 0.45, 0.25, tmp_path / "scaling.json")
     png = scaling.plot(tmp_path / "scaling.json", tmp_path / "s.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
