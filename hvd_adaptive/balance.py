@@ -16,6 +16,13 @@ def batch_shares(batches: np.ndarray) -> np.ndarray:
     return b / total if total > 0 else np.full(len(b), 1.0 / len(b))
 
 
+def smoothed(old: np.ndarray, new: np.ndarray, keep: float) -> np.ndarray:
+    """keep x old + (1 - keep) x new, elementwise; the first measurement (old all zero: nothing
+    measured yet) is taken as it is. Sync's proportional split smooths its cost estimates so."""
+    old, new = np.asarray(old, dtype=np.float64), np.asarray(new, dtype=np.float64)
+    return new.copy() if not old.any() else keep * old + (1.0 - keep) * new
+
+
 def additive_batch_sizes(b: np.ndarray, p: np.ndarray, step: int, b_min: int, b_max: int) -> np.ndarray:
     """The papers' rule: a rank below its fair share 1/n shrinks its batch by `step`, above grows.
 

@@ -150,3 +150,11 @@ def test_auto_measures_both_modes_then_takes_the_better_goodput_and_probes_the_o
     assert balance.choose_mode(7, {"grad": 100.0, "avg": 120.0}, {"grad": 0, "avg": 6}, 1.15, 6) == "grad"
     assert balance.choose_mode(8, {"grad": 100.0, "avg": 120.0}, {"grad": 7, "avg": 6}, 1.15, 6) == "avg"
     assert balance.choose_mode(9, {"grad": 100.0, "avg": 90.0}, {"grad": 8, "avg": 1}, 1.15, 6) == "avg"
+
+
+def test_smoothed_costs_take_the_first_measurement_then_blend():
+    # Nothing measured yet (all zero): the first window's costs as they are, not halved.
+    assert balance.smoothed([0.0, 0.0], [2.0, 4.0], 0.5).tolist() == [2.0, 4.0]
+    # Then keep x old + (1 - keep) x new: a quarter of the way with keep 0.75.
+    assert balance.smoothed([2.0, 4.0], [6.0, 0.0], 0.75).tolist() == [3.0, 3.0]
+    assert balance.smoothed([2.0, 4.0], [6.0, 0.0], 0.0).tolist() == [6.0, 0.0]

@@ -30,7 +30,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
-from hvd_adaptive.balance import balanced_partition, keep_within_deadband
+from hvd_adaptive.balance import balanced_partition, keep_within_deadband, smoothed
 from hvd_adaptive.distributed import allgather, broadcast_variables
 from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer
 
@@ -154,9 +154,9 @@ class Sync(Algorithm):
         mine = (stats.extra["grad_s"] / max(stats.samples, 1), stats.extra["update_s"] / steps)
         with stats.timed("sync_s"):
             costs = np.array(allgather(self.cluster.comm, mine))
-        keep = self.cfg.sync.smoothing if self.per_row.any() else 0.0
-        self.per_row = keep * self.per_row + (1 - keep) * costs[:, 0]
-        self.per_step = keep * self.per_step + (1 - keep) * costs[:, 1]
+        keep = self.cfg.sync.smoothing
+        self.per_row = smoothed(self.per_row, costs[:, 0], keep)
+        self.per_step = smoothed(self.per_step, costs[:, 1], keep)
         self._split()
 
     def state(self) -> dict:
