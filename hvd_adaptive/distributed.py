@@ -56,6 +56,9 @@ def _pick_gpu(tf, local_rank: int) -> Optional[str]:
     return "/GPU:0"
 
 
+HOROVOD_CYCLE_MS = 5  # the ranks' Horovod cycle time unless HOROVOD_CYCLE_TIME is set (`init`)
+
+
 def init(threads: Optional[int] = None,
          threads_for: Optional[Callable[[int], Optional[int]]] = None) -> Cluster:
     """Initializes MPI (mpi4py), Horovod and TensorFlow's devices for this rank.
@@ -76,6 +79,11 @@ def init(threads: Optional[int] = None,
     require_thread_level(MPI.Query_thread(), MPI)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Horovod's background thread coordinates the ranks once a cycle (1 ms by default), and a
+    # rank waiting for the others there spins: with 2 ranks on 2 cores it took about a third of
+    # each rank's computing time. 5 ms measured 1.32x sooner to the target for sync and for
+    # adaptive (docs/benchmark.md); a collective waits at most one cycle longer to start.
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", str(HOROVOD_CYCLE_MS))
     import tensorflow as tf
     import horovod.tensorflow as hvd
 
@@ -327,3 +335,69 @@ def shared_counter(comm) -> Optional[SharedCounter]:
             "scheduler across nodes run OpenMPI with --mca osc ucx (docs/multinode.md)\n")
         sys.stderr.flush()
     return None
+
+
+# ---- Hogbatch's shared model (hvd_adaptive/algorithms/hogbatch.py) ---------------------------------
+_SHARED_ALIGN = 64  # cache-line alignment of every array in the window
+
+
+def require_one_node(node_size: int, world_size: int) -> None:
+    """Fails clearly when the ranks do not all share one node's memory."""
+    if node_size != world_size:
+        raise RuntimeError(
+            f"hogbatch keeps the shared model in one node's memory, but only {node_size} of the "
+            f"{world_size} ranks share this node: across nodes use train.algorithm=adaptive "
+            "(dynamic scheduling and weighted merges over the network), or run "
+            "hogbatch/adaptive_hogbatch on one node (one shared model per node with merges "
+            "between nodes is future work)")
+
+
+class SharedModel:
+    """The model's variables and the per-worker table in one node-shared MPI window.
+
+    Args:
+        comm: Communicator of all ranks (they must share one node).
+        shapes: Shapes of the model's variables, in `SparseMLP.variables_list` order.
+        n_workers: Rows of the per-worker table (float64).
+        n_columns: Its columns.
+    """
+
+    def __init__(self, comm, shapes: list[tuple[int, ...]], n_workers: int, n_columns: int):
+        from mpi4py import MPI
+
+        self.comm = comm
+        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        require_one_node(self.node.Get_size(), comm.Get_size())
+        sizes = [n_workers * n_columns * 8] + [int(np.prod(s)) * 4 for s in shapes]
+        offsets = np.concatenate([[0], np.cumsum([-(-n // _SHARED_ALIGN) * _SHARED_ALIGN for n in sizes])])
+        nbytes = int(offsets[-1]) if self.node.Get_rank() == 0 else 0
+        # Node rank 0 holds the memory; every rank maps it and addresses it from rank 0's base.
+        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
+        buf, _ = self.win.Shared_query(0)
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        self.table = raw[offsets[0]:offsets[0] + sizes[0]].view(np.float64).reshape(n_workers, n_columns)
+        self.params = [raw[o:o + n].view(np.float32).reshape(s)
+                       for o, n, s in zip(offsets[1:], sizes[1:], shapes)]
+        # MPI-3 unified model: one passive epoch for the whole run; load/store from here on,
+        # with Sync() as the memory barrier at round ends.
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+
+    def initialize(self, variables: list) -> None:
+        """Node rank 0 writes its starting values and zeroes the table (collective)."""
+        if self.node.Get_rank() == 0:
+            for a, v in zip(self.params, variables):
+                a[...] = v.numpy()
+            self.table[...] = 0.0
+        self.fence()
+
+    def fence(self) -> None:
+        """Memory barrier plus barrier: every store before it is seen by every load after it."""
+        self.win.Sync()
+        self.node.Barrier()
+        self.win.Sync()
+
+    def copy_into(self, variables: list) -> None:
+        """Copies every shared array into the local variables (a private copy: TensorFlow may
+        alias an aligned numpy buffer, and a variable must never alias shared memory)."""
+        for a, v in zip(self.params, variables):
+            v.assign(a.copy())

@@ -82,7 +82,8 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
                 f"{cluster.threads} thread(s) each; standalone rows/s per rank: "
                 + ", ".join(f"{r:.0f}" for r in rates))
         head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
-                    baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time())
+                    baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
+                    horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")))
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:
