@@ -40,7 +40,18 @@ import numpy as np
 from hvd_adaptive.config import HeteroConfig
 
 CGROUP_ROOT = Path(os.environ.get("HVD_ADAPTIVE_CGROUP_ROOT", "/sys/fs/cgroup"))
-PERIOD_US = 100_000
+# The quota's accounting period. A rank that used its quota stalls until the period ends: with
+# the kernel's usual 100 ms a quarter-core rank stopped for 75 ms at a time while the others
+# waited in collectives for it (2 ranks at a quarter core: 26 s of a 56 s run in communication);
+# at 10 ms the stalls are short, as on a machine that is evenly slower (3-5 s of 30 s).
+PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000  # the kernel refuses less
+
+
+def quota_period_us(cores: float) -> int:
+    """The period for a quota of `cores`: PERIOD_US, longer where the quota would fall below the
+    kernel's 1 ms minimum (under a tenth of a core)."""
+    return max(PERIOD_US, -(-MIN_QUOTA_US * 1_000_000 // int(round(cores * 1_000_000))))
 
 
 class Heterogeneity:
@@ -155,17 +166,18 @@ class CpuQuota:
         self.path = self.root / name
         self.where = str(self.path)
         _remove_stale(self.root, name.split("-")[0] + "-")
-        quota = max(1000, int(round(cores * PERIOD_US)))
+        period = quota_period_us(cores)
+        quota = max(MIN_QUOTA_US, int(round(cores * period)))
         try:
             self.path.mkdir(exist_ok=True)
             if self.version == 1:
-                (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (self.path / "cpu.cfs_period_us").write_text(str(period))
                 (self.path / "cpu.cfs_quota_us").write_text(str(quota))
             else:
                 subtree = self.root / "cgroup.subtree_control"
                 if "cpu" not in _read(subtree).split():
                     subtree.write_text("+cpu")
-                (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                (self.path / "cpu.max").write_text(f"{quota} {period}")
         except OSError as e:
             raise RuntimeError(f"hetero.mode=cpu_quota: cannot set a CPU quota in {self.path}: "
                                f"{e.strerror or e} (needs root or a delegated cgroup); use "

@@ -44,6 +44,14 @@ def test_jitter_is_random_within_its_bound(monkeypatch):
     assert len(set(slept)) == len(slept) > 1
 
 
+def test_quota_periods_are_short_and_keep_the_kernels_minimum():
+    from hvd_adaptive.hetero import quota_period_us
+
+    assert [quota_period_us(c) for c in (2, 0.25, 0.125, 0.1)] == [10_000] * 4
+    assert quota_period_us(0.05) == 20_000  # 1 ms of quota, the least the kernel takes
+    assert quota_period_us(0.01) == 100_000
+
+
 def test_missing_cgroup_controller_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="no writable cgroup CPU controller.*hetero.mode=sleep"):
         CpuQuota("x", cores=0.5, root=tmp_path)
@@ -62,6 +70,9 @@ def test_cpu_quota_really_slows_a_process_and_is_removed():
     try:
         q.enter(child.pid)
         assert q.pids() == [child.pid]
+        # Short accounting periods (10 ms): a throttled rank stalls briefly, not for 75 ms.
+        assert (q.path / "cpu.cfs_period_us").read_text().strip() == "10000"
+        assert q.cores_set() == 0.25
         c0, t0 = _cpu_seconds(child.pid), time.perf_counter()
         time.sleep(1.5)
         share = (_cpu_seconds(child.pid) - c0) / (time.perf_counter() - t0)
