@@ -6,6 +6,8 @@ window's batches that rank i processed.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 
@@ -161,3 +163,52 @@ def choose_mode(index: int, rates: dict, last_probe: dict, cost: float, probe_ev
     if index - last_probe.get(other, -1) > probe_every:
         return other
     return best
+
+
+# ---- Adaptive Hogbatch (hvd_adaptive/algorithms/hogbatch.py) ----------------------------------
+def adapt_batch(b: int, rates: np.ndarray, me: int, threshold: float, b_min: int, b_max: int,
+                adjusting: bool = False) -> tuple[int, bool]:
+    """Adaptive Hogbatch's rule: resize a worker's batch so that update rates balance.
+
+    A worker whose update rate is above the mean of all published rates by more than
+    `threshold` (relative) grows its batch, one below shrinks it, by the factor rate / mean.
+    An update's cost grows with the batch, so if every worker applies this at once with rates
+    proportional to 1 / b, all rates become the mean in one step. Fixed per-update costs make
+    one step fall short, so a worker that started resizing keeps on until it is within half the
+    threshold (hysteresis: it settles near the mean, not at the band's edge). Inside the band the
+    batch is kept: a larger threshold keeps large, efficient batches (utilization), a smaller
+    one balances update counts more tightly.
+
+    Args:
+        b: This worker's current batch size.
+        rates: Published update rates of all workers (updates per second; 0 = not yet known).
+        me: This worker's index in `rates`.
+        threshold: Relative dead band around the mean rate.
+        b_min: Smallest batch allowed.
+        b_max: Largest batch allowed.
+        adjusting: Whether this worker resized at its previous decision (from the last call).
+
+    Returns:
+        (new batch size within [b_min, b_max], whether this worker is resizing); the batch is
+        kept while fewer than two rates are known.
+    """
+    r = np.asarray(rates, dtype=np.float64)
+    known = r > 0
+    if not known[me] or known.sum() < 2:
+        return b, adjusting
+    rel = r[me] / r[known].mean()
+    if abs(rel - 1.0) <= (threshold / 2 if adjusting else threshold):
+        return b, False
+    new = int(round(b * rel))
+    if new == b:  # outside the band always moves, even when rounding would not
+        new = b + (1 if rel > 1 else -1)
+    return int(np.clip(new, b_min, b_max)), True
+
+
+def update_shares(updates: np.ndarray, cpu_ranks: list[int]) -> tuple[np.ndarray, Optional[float]]:
+    """Each worker's share of the updates, and the CPU workers' total share (None without any)."""
+    u = np.asarray(updates, dtype=np.float64)
+    total = u.sum()
+    shares = u / total if total > 0 else np.zeros(len(u))
+    cpu = float(shares[list(cpu_ranks)].sum()) if cpu_ranks else None
+    return shares, cpu

@@ -14,7 +14,9 @@ from mpirun import mpirun, records, train
 
 # ---- the pure policy ----------------------------------------------------------------------------
 from hvd_adaptive.algorithms import worker_threads
-from hvd_adaptive.algorithms.hogbatch import adapt_batch, require_one_node, update_shares, worker_batch
+from hvd_adaptive.algorithms.hogbatch import worker_batch
+from hvd_adaptive.balance import adapt_batch, update_shares
+from hvd_adaptive.distributed import require_one_node
 
 
 def test_adapt_batch_keeps_batch_inside_the_dead_band():

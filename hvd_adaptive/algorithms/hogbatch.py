@@ -2,8 +2,9 @@
 
 Design (details, measurements and how to run: docs/hogbatch.md):
 - The model lives in one node's shared memory: an MPI window (Allocate_shared on the node
-  communicator) holds every variable as a float32 numpy array, plus a per-worker table (update
-  counts, rates, batch sizes) in which each worker writes only its own row.
+  communicator; `distributed.SharedModel`) holds every variable as a float32 numpy array, plus a
+  per-worker table (update counts, rates, batch sizes) in which each worker writes only its own
+  row. The batch-size rule and the update shares are pure functions in balance.py.
 - Each worker (one per rank; CPU workers, ``hogbatch.cpu_ranks``, take small batches, GPU
   workers large ones) repeats: claim its next batch from one global stream (the shared counter
   over the epoch's permutation: every row once per epoch), copy the shared values the batch
@@ -11,7 +12,7 @@ Design (details, measurements and how to run: docs/hogbatch.md):
   the shared arrays without locks (Hogwild with batches).
 - adaptive_hogbatch: every ``hogbatch.adjust_every`` updates a worker publishes its update rate
   and, once every other worker has published since its last decision, resizes its batch with
-  `adapt_batch` so that update counts balance; ``hogbatch.threshold`` is the dead band.
+  `balance.adapt_batch` so that update counts balance; ``hogbatch.threshold`` is the dead band.
 
 Synchronization: none between updates. A round covers ``hogbatch.round_epochs`` of the stream
 (default: train.eval_every; never across an epoch) and ends with a barrier, a copy of the shared
@@ -42,64 +43,16 @@ from hvd_adaptive.algorithms import worker_threads
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import make_batch
-from hvd_adaptive.distributed import SharedCounter
+from hvd_adaptive.balance import adapt_batch, update_shares
+from hvd_adaptive.distributed import SharedCounter, SharedModel
 from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
 
 # Columns of the per-worker table in shared memory (float64; row i is written only by rank i).
 UPDATES, SAMPLES, BUSY_S, BATCH, RATE, SEQ, SKIPPED = range(7)
 _COLUMNS = 7
-_ALIGN = 64  # cache-line alignment of every array in the window
 
 
-# ---- pure policy and set-up rules (unit-tested in tests/test_hogbatch.py) ----------------------
-def adapt_batch(b: int, rates: np.ndarray, me: int, threshold: float, b_min: int, b_max: int,
-                adjusting: bool = False) -> tuple[int, bool]:
-    """Adaptive Hogbatch's rule: resize a worker's batch so that update rates balance.
-
-    A worker whose update rate is above the mean of all published rates by more than
-    `threshold` (relative) grows its batch, one below shrinks it, by the factor rate / mean.
-    An update's cost grows with the batch, so if every worker applies this at once with rates
-    proportional to 1 / b, all rates become the mean in one step. Fixed per-update costs make
-    one step fall short, so a worker that started resizing keeps on until it is within half the
-    threshold (hysteresis: it settles near the mean, not at the band's edge). Inside the band the
-    batch is kept: a larger threshold keeps large, efficient batches (utilization), a smaller
-    one balances update counts more tightly.
-
-    Args:
-        b: This worker's current batch size.
-        rates: Published update rates of all workers (updates per second; 0 = not yet known).
-        me: This worker's index in `rates`.
-        threshold: Relative dead band around the mean rate.
-        b_min: Smallest batch allowed.
-        b_max: Largest batch allowed.
-        adjusting: Whether this worker resized at its previous decision (from the last call).
-
-    Returns:
-        (new batch size within [b_min, b_max], whether this worker is resizing); the batch is
-        kept while fewer than two rates are known.
-    """
-    r = np.asarray(rates, dtype=np.float64)
-    known = r > 0
-    if not known[me] or known.sum() < 2:
-        return b, adjusting
-    rel = r[me] / r[known].mean()
-    if abs(rel - 1.0) <= (threshold / 2 if adjusting else threshold):
-        return b, False
-    new = int(round(b * rel))
-    if new == b:  # outside the band always moves, even when rounding would not
-        new = b + (1 if rel > 1 else -1)
-    return int(np.clip(new, b_min, b_max)), True
-
-
-def update_shares(updates: np.ndarray, cpu_ranks: list[int]) -> tuple[np.ndarray, Optional[float]]:
-    """Each worker's share of the updates, and the CPU workers' total share (None without any)."""
-    u = np.asarray(updates, dtype=np.float64)
-    total = u.sum()
-    shares = u / total if total > 0 else np.zeros(len(u))
-    cpu = float(shares[list(cpu_ranks)].sum()) if cpu_ranks else None
-    return shares, cpu
-
-
+# ---- set-up rules (unit-tested in tests/test_hogbatch.py) ----------------------------------------
 def worker_batch(cfg: Config, rank: int) -> tuple[str, int, int, int]:
     """A worker's kind ("cpu" or "gpu"), starting batch and adaptive bounds (b_min, b_max)."""
     h = cfg.hogbatch
@@ -109,68 +62,6 @@ def worker_batch(cfg: Config, rank: int) -> tuple[str, int, int, int]:
     kind = "cpu" if rank in h.cpu_ranks else "gpu"
     start = h.cpu_batch if kind == "cpu" else gpu
     return kind, start, b_min, b_max
-
-
-def require_one_node(node_size: int, world_size: int) -> None:
-    """Fails clearly when the ranks do not all share one node's memory."""
-    if node_size != world_size:
-        raise RuntimeError(
-            f"hogbatch keeps the shared model in one node's memory, but only {node_size} of the "
-            f"{world_size} ranks share this node: across nodes use train.algorithm=adaptive "
-            "(dynamic scheduling and weighted merges over the network), or run "
-            "hogbatch/adaptive_hogbatch on one node (one shared model per node with merges "
-            "between nodes is future work)")
-
-
-# ---- the shared model ---------------------------------------------------------------------------
-class SharedModel:
-    """The model's variables and the per-worker table in one node-shared MPI window.
-
-    Args:
-        comm: Communicator of all ranks (they must share one node).
-        shapes: Shapes of the model's variables, in `SparseMLP.variables_list` order.
-        n_workers: Rows of the per-worker table.
-    """
-
-    def __init__(self, comm, shapes: list[tuple[int, ...]], n_workers: int):
-        from mpi4py import MPI
-
-        self.comm = comm
-        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        require_one_node(self.node.Get_size(), comm.Get_size())
-        sizes = [n_workers * _COLUMNS * 8] + [int(np.prod(s)) * 4 for s in shapes]
-        offsets = np.concatenate([[0], np.cumsum([-(-n // _ALIGN) * _ALIGN for n in sizes])])
-        nbytes = int(offsets[-1]) if self.node.Get_rank() == 0 else 0
-        # Node rank 0 holds the memory; every rank maps it and addresses it from rank 0's base.
-        self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=self.node)
-        buf, _ = self.win.Shared_query(0)
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        self.table = raw[offsets[0]:offsets[0] + sizes[0]].view(np.float64).reshape(n_workers, _COLUMNS)
-        self.params = [raw[o:o + n].view(np.float32).reshape(s)
-                       for o, n, s in zip(offsets[1:], sizes[1:], shapes)]
-        # MPI-3 unified model: one passive epoch for the whole run; load/store from here on,
-        # with Sync() as the memory barrier at round ends.
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-
-    def initialize(self, variables: list[tf.Variable]) -> None:
-        """Node rank 0 writes its starting values and zeroes the table (collective)."""
-        if self.node.Get_rank() == 0:
-            for a, v in zip(self.params, variables):
-                a[...] = v.numpy()
-            self.table[...] = 0.0
-        self.fence()
-
-    def fence(self) -> None:
-        """Memory barrier plus barrier: every store before it is seen by every load after it."""
-        self.win.Sync()
-        self.node.Barrier()
-        self.win.Sync()
-
-    def copy_into(self, variables: list[tf.Variable]) -> None:
-        """Copies every shared array into the local variables (a private copy: TensorFlow may
-        alias an aligned numpy buffer, and a variable must never alias shared memory)."""
-        for a, v in zip(self.params, variables):
-            v.assign(a.copy())
 
 
 # ---- the algorithms -----------------------------------------------------------------------------
@@ -203,7 +94,8 @@ class Hogbatch(Algorithm):
                   f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)
         self.hogbatch_cfg = h
         self.round_rows = max(1, int(round((h.round_epochs or cfg.train.eval_every) * ctx.train.n_rows)))
-        self.shared = SharedModel(cluster.comm, [tuple(v.shape) for v in self.variables], cluster.size)
+        self.shared = SharedModel(cluster.comm, [tuple(v.shape) for v in self.variables], cluster.size,
+                                  _COLUMNS)
         self.counter = SharedCounter(cluster.comm)
         self.own_row = self.shared.table[cluster.rank]  # the table row only this rank writes
         self.round = 0
@@ -360,10 +252,6 @@ class Hogbatch(Algorithm):
                            cpu_update_share=None if cpu_share is None else round(cpu_share, 4),
                            skipped_total=int(self.own_row[SKIPPED]))
         return stats
-
-    def eval_model(self) -> SparseMLP:
-        """The replica, which holds the shared model's snapshot from the last round end."""
-        return self.model
 
     def state(self) -> dict:
         t = self.shared.table.copy()

@@ -15,7 +15,8 @@ import numpy as np
 
 from hvd_adaptive import distributed
 from hvd_adaptive.algorithms.base import RoundStats
-from hvd_adaptive.algorithms.hogbatch import SKIPPED, SharedModel
+from hvd_adaptive.algorithms.hogbatch import _COLUMNS, SKIPPED
+from hvd_adaptive.distributed import SharedModel
 from hvd_adaptive.config import load_config
 from hvd_adaptive.data import load_data
 from real_algorithm import build
@@ -51,7 +52,7 @@ def real_workers(c) -> object:
 
 def raw_increments(c, rounds: int = 20, updates: int = 150) -> None:
     n, r = c.size, c.rank
-    sm = SharedModel(c.comm, [(32, 8), (8,)], n)
+    sm = SharedModel(c.comm, [(32, 8), (8,)], n, _COLUMNS)
     w, b = sm.params
     if r == 0:
         w[...] = 0.0
