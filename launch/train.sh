@@ -15,4 +15,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export PATH="$VENV/bin:$PATH"
 # horovodrun imports TensorFlow itself: its start-up messages stay back as the ranks' do
 case " $* " in *" --verbose "*) ;; *) export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} ;; esac
-exec horovodrun --mpi -np "$NP" -H "localhost:$NP" hvd-adaptive train --config "$CONFIG" "$@"
+# horovodrun makes mpirun tag every line with its rank ("[1,0]<stdout>:"); rank 0 prints the run's
+# progress, so its tag goes and its lines read as written; other ranks keep theirs.
+untag='s/^\[[0-9]*,0\]<std\(out\|err\)>://'
+rc=0
+horovodrun --mpi -np "$NP" -H "localhost:$NP" hvd-adaptive train --config "$CONFIG" "$@" \
+  > >(sed -u "$untag") 2> >(sed -u "$untag" >&2) || rc=$?
+wait  # the two filters' last lines
+exit $rc

@@ -17,8 +17,9 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["ranks"] == 2 and len(summary["per_rank"]) == 2
     assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"], summary
-    # horovodrun makes mpirun tag every chunk of output; each progress line must stay whole,
-    # with its one tag in front (a split line shows a second tag before its newline).
+    # horovodrun makes mpirun tag every chunk of output; train.sh drops rank 0's tag at the
+    # start of a line, so its progress lines read as written, and a line split into chunks
+    # would still show a tag in its middle.
     progress = [line for line in p.stdout.splitlines() if "P@1" in line]
-    assert progress and progress[-1].startswith("[1,0]<stdout>:done: P@1"), p.stdout[-3000:]
-    assert all(line.count("<stdout>:") == 1 for line in p.stdout.splitlines()), p.stdout[-3000:]
+    assert progress and progress[-1].startswith("done: P@1"), p.stdout[-3000:]
+    assert "[1,0]<stdout>:" not in p.stdout, p.stdout[-3000:]
