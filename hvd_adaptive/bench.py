@@ -76,6 +76,16 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
             "evals": [r for r in recs if r["event"] == "eval"]}
 
 
+def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
+               what: str, t0: float) -> dict:
+    """`run_one` with the benchmark's progress lines: what runs, then its time to the target."""
+    print(f"[bench {time.time() - t0:6.0f} s] {what}", flush=True)
+    res = run_one(config, ranks, sets, run_dir)
+    t = time_to_target(res["evals"], target)
+    print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
+    return res
+
+
 def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
     """One run's figures: time and samples to target, rates, efficiency, time breakdown; with
     a scenario's `limit` (see `limits`) also efficiency against its rates and the fraction of
@@ -264,13 +274,10 @@ def main(argv: list[str] | None = None) -> int:
                 if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
-                print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
-                      flush=True)
                 tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
-                res = run_one(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}")
+                res = run_logged(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}", target,
+                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
-                t = time_to_target(res["evals"], target)
-                print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n"
             f"{table(results, target, phases)}\n")
     print(text)
@@ -292,13 +299,10 @@ def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Pat
             # One rank: minibatch SGD whatever the contender (speedups are over this run).
             runs = {"sync": CONTENDERS["sync"]} if n == 1 else contenders
             for name, csets in runs.items():
-                print(f"[bench {time.time() - t0:6.0f} s] {label}: {name} (repeat {rep + 1}/{a.repeats})",
-                      flush=True)
-                res = run_one(a.config, n, csets + a.set + sets + [f"train.target_p_at_1={target}"],
-                              out / f"{kind}{n}-{name}-r{rep}")
+                res = run_logged(a.config, n, csets + a.set + sets + [f"train.target_p_at_1={target}"],
+                                 out / f"{kind}{n}-{name}-r{rep}", target,
+                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
-                t = time_to_target(res["evals"], target)
-                print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
     data = scaling.rows(results, target)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
             f"target P@1 {target:.4f}, medians over {a.repeats} repeat(s), overrides "

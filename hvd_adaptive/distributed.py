@@ -108,8 +108,13 @@ def init(threads: Optional[int] = None,
 def default_threads(local_size: int) -> int:
     """TensorFlow threads of a rank that asks for none: this node's cores / ranks on the node, so
     ranks sharing a node do not oversubscribe it."""
+    return max(1, usable_cores() // local_size)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a Slurm cpuset, taskset)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // local_size)
+    return cores or 1
 
 
 def require_thread_level(granted: int, MPI) -> None:
@@ -319,9 +324,7 @@ def shared_counter(comm) -> Optional[SharedCounter]:
     everyone = comm.allgather(why)
     if not any(everyone):
         # Ranks on other nodes than rank 0 reach the window through the network.
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        across = node.Get_size() < comm.Get_size()
-        node.Free()
+        across = len(node_allgather(comm, None)) < comm.Get_size()
         if across and comm.Get_rank() == 0:
             counter.keep_progressing()
         comm.Barrier()  # rank 0 zeroed the slots before anyone claims

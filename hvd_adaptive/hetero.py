@@ -259,7 +259,7 @@ def check_profile(cores: list[float], rank: int, size: int, node_cores: list[flo
 
     Raises:
         ConfigError: a profile of another length than the job, or more cores on a node than
-            it has (os.sched_getaffinity: what this process may run on).
+            it has (`distributed.usable_cores`: what this process may run on).
     """
     from hvd_adaptive.config import ConfigError
 
@@ -268,7 +268,9 @@ def check_profile(cores: list[float], rank: int, size: int, node_cores: list[flo
     if len(cores) != size:
         raise ConfigError(f"hetero.cores: the profile has {len(cores)} entries for {size} "
                           f"rank(s): give one per rank, got {cores}")
-    have = len(os.sched_getaffinity(0))
+    from hvd_adaptive.distributed import usable_cores
+
+    have = usable_cores()
     if sum(node_cores) > have + 1e-9:
         raise ConfigError(f"hetero.cores: the ranks on rank {rank}'s node ask for "
                           f"{sum(node_cores):g} cores ({node_cores}) but the node has {have}")

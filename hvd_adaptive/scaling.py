@@ -119,10 +119,10 @@ def plot(path: str | Path, out: str | Path) -> Path:
     counts = sorted({r["ranks"] for r in got})
     for ax, kind in zip(axes[0], kinds):
         for name in names:
-            pts = sorted((r["ranks"], r["t"]) for r in got if r["contender"] == name and r["t"]
-                         and (r["profile"] == kind or r["ranks"] == 1))
-            if one and name != "sync":
-                pts = [(1, one)] + [p for p in pts if p[0] > 1]
+            # Every contender starts from the one-rank run (minibatch SGD, run once as sync).
+            pts = ([(1, one)] if one else []) + sorted(
+                (r["ranks"], r["t"]) for r in got
+                if r["contender"] == name and r["t"] and r["profile"] == kind and r["ranks"] > 1)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name)
         if one:

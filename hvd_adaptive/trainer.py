@@ -222,14 +222,14 @@ class Trainer:
         summary = self.summary(rates, base_p1)
         # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
         summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(self.algo.model))
-        # Peak resident memory of each rank's process so far (Linux reports kilobytes).
-        peak = allgather(cluster.comm, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-        # Each rank's CPU quota as its cgroup holds it (cpu_quota mode), read back from the kernel.
+        # Each rank's peak resident memory so far (Linux reports kilobytes) and its CPU quota as
+        # its cgroup holds it (cpu_quota mode), read back from the kernel.
         quota = self.algo.hetero.quota
-        cores = allgather(cluster.comm, quota.cores_set() if quota else None)
-        for rec, mb, c in zip(summary["per_rank"], peak, cores):
+        mine = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                quota.cores_set() if quota else None)
+        for rec, (mb, cores) in zip(summary["per_rank"], allgather(cluster.comm, mine)):
             rec["peak_rss_mb"] = round(mb, 1)
-            rec["quota_cores"] = c
+            rec["quota_cores"] = cores
         log.write_json("summary.json", summary)
         log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
                 f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "
