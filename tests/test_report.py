@@ -121,6 +121,13 @@ def test_cli_errors_exit_2(tmp_path, capsys):
     assert "--target" in capsys.readouterr().err
     assert cli_main(["report", str(run), "--out", str(tmp_path / "r.pdf")]) == 2
     assert "PNG" in capsys.readouterr().err
+    assert cli_main(["report", "--out", str(tmp_path / "r.png")]) == 2
+    assert "give one or more run folders (or --scaling FILE)" in capsys.readouterr().err
+    assert cli_main(["report", str(run), "--scaling", str(tmp_path / "s.json"),
+                     "--out", str(tmp_path / "r.png")]) == 2
+    assert "--scaling draws from its JSON file alone" in capsys.readouterr().err
+    assert cli_main(["report", "--scaling", str(tmp_path / "s.json"), "--out", str(tmp_path / "r.png")]) == 2
+    assert "s.json: not a scaling.json" in capsys.readouterr().err
 
 
 def test_psp_columns_only_when_a_run_has_them(tmp_path):

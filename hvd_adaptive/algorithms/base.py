@@ -231,9 +231,10 @@ class Algorithm:
         done = 0
         with self.unchanged():
             self.hetero.compute(self._local_step, *batches[0])  # not timed: first run optimizes
-            # Wall time of the whole loop, not the sum of the steps' spans: a CPU quota also
-            # stalls the process between spans (seen: a quarter-core rank at 1/1.45 of a
-            # half-core one by the spans' sum, 1/1.97 and 1/2.05 by the wall clock).
+            # Wall time of the whole loop, not the sum of the steps' spans: a CPU quota can also
+            # stall the process between spans. (One process at a quarter core measured 1/4.2-4.8
+            # of its unslowed rate either way; the one 4-rank run that read 1/1.45 by the spans
+            # against 1/2 by the wall clock was within that profile's run-to-run spread.)
             t0 = time.perf_counter()
             while done < steps or time.perf_counter() - t0 < min_seconds:
                 b = batches[done % steps]
