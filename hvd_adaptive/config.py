@@ -156,13 +156,18 @@ class TrainConfig:
     window_samples: int = 8192
     """Rows per round for all ranks together: the merge window S of adaptive, the averaging
     period of local and sma, the accounting round of sync. Rounds never cross an epoch."""
+    calibrate_s: float = 2.0
+    """Seconds each rank times its standalone speed before the clock starts (at least 8
+    steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200
+    periods of a CPU quota; the tiny test config uses less."""
     eval_memory_mb: float = 256.0
     """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
-                  "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb")
+                  "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb",
+                  "calibrate_s")
 
 
 @dataclass(frozen=True)

@@ -76,14 +76,18 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
         resumed = ckpt.restore(algo, log)
         algo.trace()
-        rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size))
+        t_cal = time.perf_counter()
+        rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size,
+                                                         min_seconds=cfg.train.calibrate_s))
+        t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
                 f"{cluster.threads} thread(s) each; standalone rows/s per rank: "
                 + ", ".join(f"{r:.0f}" for r in rates))
         head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
                     baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
-                    horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")))
+                    horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
+                    calibration_s=round(t_cal, 3))
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:

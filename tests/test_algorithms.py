@@ -18,28 +18,21 @@ def test_chunks_cover_every_row_once_without_tiny_tails(total, size):
         assert all(hi - lo < 1.5 * size for lo, hi in parts)
 
 
-@pytest.mark.parametrize("name, sets", [
-    ("sync_prop", ["train.algorithm=sync", "sync.partition=proportional"]),
-    ("local", ["train.algorithm=local"]),
-    ("sma", ["train.algorithm=sma"]),
-    ("adaptive", ["train.algorithm=adaptive"]),
-    # Three row-sparse gradients (input layer, output layer, output bias) in sync's allreduce.
-    ("sync_sampled", ["train.algorithm=sync", "model.output=sampled", "model.negatives=20"]),
-])
-@pytest.mark.mpi
-def test_each_algorithm_learns(tmp_path, name, sets):
-    s = train(2, tmp_path / name, *sets)
-    base = s["baseline_p_at_1"]
-    assert s["final"]["p_at_1"] > max(2 * base, base + 0.15), (name, s["final"], base)
-    assert records(tmp_path / name, "round")[-1]["samples"] == 10 * 2000  # every row, every epoch
+SCHEDULED = ["adaptive", "sync", "local", "sma", "hogbatch", "auto"]
+
+
+@pytest.fixture(scope="module")
+def scheduling():
+    """check_scheduling.py for every algorithm, one after another in one 2-rank job."""
+    return mpirun(2, ["tests/parallel/check_scheduling.py", *SCHEDULED], timeout=300)
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name", ["adaptive", "sync", "local", "sma", "hogbatch", "auto"])
-def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(name):
-    p = mpirun(2, ["tests/parallel/check_scheduling.py", name], timeout=180)
+@pytest.mark.parametrize("name", SCHEDULED)
+def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(scheduling, name):
+    p = scheduling
+    assert f"scheduling ok ({name})" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert f"scheduling ok ({name})" in p.stdout
 
 
 def _balance_run(run, policy, *extra):
@@ -111,15 +104,23 @@ def test_static_scheduler_follows_measured_speed(tmp_path):
     assert rows[0] > 1.5 * rows[1], f"rows per rank after the first window: {rows}"
 
 
-@pytest.mark.parametrize("mode,ranks", [("plain", 2), ("row_norm", 3), ("momentum", 2),
-                                        ("sampled", 3), ("dense_sampled", 2), ("float16", 2),
-                                        ("chunked", 3)])
+MERGES = {2: ["plain", "momentum", "dense_sampled", "float16"], 3: ["row_norm", "sampled", "chunked"]}
+
+
+@pytest.fixture(scope="module")
+def merges():
+    """check_merge.py's modes, one job per rank count (each job runs its modes in turn)."""
+    return {n: mpirun(n, ["tests/parallel/check_merge.py", *modes], timeout=300)
+            for n, modes in MERGES.items()}
+
+
+@pytest.mark.parametrize("mode,ranks", [(m, n) for n, modes in MERGES.items() for m in modes])
 @pytest.mark.mpi
-def test_adaptive_merge_follows_its_rule_window_by_window(mode, ranks):
+def test_adaptive_merge_follows_its_rule_window_by_window(merges, mode, ranks):
     """Sparse and dense merges (on 2 and 3 real ranks) against the rule computed in numpy."""
-    p = mpirun(ranks, ["tests/parallel/check_merge.py", mode], timeout=180)
+    p = merges[ranks]
+    assert f"merge ok ({mode})" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert f"merge ok ({mode})" in p.stdout
 
 
 @pytest.mark.mpi

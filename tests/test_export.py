@@ -37,8 +37,12 @@ print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    run_dir, test_txt = trained_run(root, 1, "model.output=sampled", "model.negatives=20",
+    # Sync on 2 ranks: three row-sparse gradients (input layer, output layer, output bias) in
+    # its allreduce, and the run must learn.
+    run_dir, test_txt = trained_run(root, 2, "model.output=sampled", "model.negatives=20",
                                     "model.sampler=frequency")
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.2, s["final"]
     before = folder_hash(run_dir)
     out = root / "pred.txt"
     p = cli("predict", run_dir, "--data", test_txt, "--out", out, "--k", 3)

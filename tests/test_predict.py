@@ -20,7 +20,10 @@ pytestmark = pytest.mark.mpi  # every test here uses a trained run (mpirun, Tens
 def run(tmp_path_factory):
     """(run folder, test file, folder hash after training, 1-process prediction file)."""
     root = tmp_path_factory.mktemp("predict")
-    run_dir, test_txt = trained_run(root, 2)
+    # Sync with the proportional split (LB-BSP), which must learn like the others (test_resume).
+    run_dir, test_txt = trained_run(root, 2, "sync.partition=proportional")
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.2, s["final"]
     before = folder_hash(run_dir)
     out = root / "pred-1.txt"
     # 128 rows a step: 4 steps over the 500 rows, so 2 ranks below really split them.

@@ -46,9 +46,11 @@ def test_a_profile_must_fit_the_job_and_the_node():
 @pytest.mark.mpi
 def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_path):
     s = train(4, tmp_path / "run", PROFILE, *QUOTA, "train.algorithm=adaptive", "train.epochs=1",
-              timeout=300)
+              "train.calibrate_s=2", timeout=300)  # the default calibration: 200 quota periods
     # The ranks' Horovod cycle: the project's 5 ms unless HOROVOD_CYCLE_TIME says otherwise.
-    assert records(tmp_path / "run", "start")[0]["horovod_cycle_ms"] == 5.0
+    start = records(tmp_path / "run", "start")[0]
+    assert start["horovod_cycle_ms"] == 5.0
+    assert start["calibration_s"] >= 2.0, start  # train.calibrate_s is honoured
     got = [r["quota_cores"] for r in s["per_rank"]]
     assert got == [0.25, 0.25, 0.25, 0.0625], f"quotas read back from the ranks' cgroups: {got}"
     rates = np.array([r["standalone_rate"] for r in s["per_rank"]])

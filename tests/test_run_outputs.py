@@ -53,6 +53,8 @@ def test_tensorboard_events_hold_the_records_scalars(finished):
     evals = [r for r in recs if r["event"] == "eval"]
     rounds = [r for r in recs if r["event"] == "round"]
     assert len(evals) == 2 and rounds
+    start = next(r for r in recs if r["event"] == "start")
+    assert start["calibration_s"] < 1.0, start  # tiny.yaml's train.calibrate_s, not the 2 s default
     # Every metric of the eval records, at the record's step (rows trained so far).
     metrics = [k for k, v in evals[0].items() if k not in ("event", "wall_s", "epoch", "samples")]
     assert {"p_at_1", "p_at_5", "ndcg_at_5"} <= set(metrics)

@@ -4,7 +4,7 @@ Run (as root, after `bash launch/setup.sh --slurm`):
 
     .venv/bin/python -m pytest tests/test_slurm_cluster.py -m slurm
 
-About 25 s: bring-up takes about a second, each job a few seconds (sbatch polls every 2 s).
+About 15 s: bring-up takes about a second, each job a second or two (polled every 0.1 s).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Run under mpirun: adaptive SGD's merge in a real run, checked window by window.
 
-Usage: mpirun -np N python tests/parallel/check_merge.py MODE   (MODE: see MODES)
+Usage: mpirun -np N python tests/parallel/check_merge.py MODE [MODE ...]   (see MODES)
+
+Several modes run one after another in the same ranks (one start-up of TensorFlow and Horovod).
 
 A spy around the real merge (hvd_adaptive/merge.py) gathers every rank's replica, optimizer
 slots and touched-row masks just before each merge; after the window the checker recomputes
@@ -39,7 +41,14 @@ MODES = {
 
 
 def main() -> int:
-    mode = sys.argv[1]
+    c = distributed.init(threads=1)
+    for mode in sys.argv[1:]:
+        check(mode, c)
+    distributed.shutdown()
+    return 0
+
+
+def check(mode: str, c) -> None:
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=adaptive", "train.epochs=1", "train.window_samples=512",
         # The static scheduler gives every rank rows in every window; under the shared counter
@@ -47,7 +56,6 @@ def main() -> int:
         # no row touched by two ranks), and the row-normalized rule would go unchecked.
         "adaptive.scheduler=static",
         "hetero.slowdown={1: 2.0}", "optim.name=adagrad", "optim.lr=0.1", *MODES[mode]])
-    c = distributed.init(threads=1)
     from hvd_adaptive.data import load_data
     from real_algorithm import build
 
@@ -138,9 +146,7 @@ def main() -> int:
         assert windows >= 4 and (mode != "plain" or boosted > 0), (windows, boosted)
         if any(norm for _, _, norm in items):  # rows touched by none, one, several ranks
             assert kinds >= set(range(c.size + 1)) - ({2} if c.size == 2 else set()), kinds
-        print(f"merge ok ({mode}): {windows} windows checked, {boosted} with the tilt")
-    distributed.shutdown()
-    return 0
+        print(f"merge ok ({mode}): {windows} windows checked, {boosted} with the tilt", flush=True)
 
 
 if __name__ == "__main__":

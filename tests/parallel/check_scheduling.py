@@ -1,6 +1,9 @@
 """Run under mpirun: which rows each algorithm trains on, on real ranks with rank 1 slowed 2x.
 
-Usage: mpirun -np 2 python tests/parallel/check_scheduling.py ALGORITHM
+Usage: mpirun -np 2 python tests/parallel/check_scheduling.py ALGORITHM [ALGORITHM ...]
+
+Several algorithms run one after another in the same ranks (one start-up of TensorFlow and
+Horovod), each on a fresh model.
 
 Drives the real algorithm through one epoch of the tiny config; a spy around the batch
 builder records the rows of every batch trained. Checks: every row of the epoch is used exactly
@@ -20,13 +23,19 @@ from hvd_adaptive.config import load_config
 
 
 def main() -> int:
-    name = sys.argv[1]
+    c = distributed.init(threads=1)
+    for name in sys.argv[1:]:
+        check(name, c)
+    distributed.shutdown()
+    return 0
+
+
+def check(name: str, c) -> None:
     cfg, _ = load_config("configs/tiny.yaml", [
         f"train.algorithm={name}", "train.epochs=1", "train.window_samples=1024",
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
         "hogbatch.round_epochs=0.25",
         *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5"] if name == "auto" else [])])
-    c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
@@ -43,6 +52,7 @@ def main() -> int:
             windows.append(c.comm.allgather(stats.batches))
             modes.append(c.comm.allgather((stats.extra.get("mode"), stats.extra.get("mode_rows_s"))))
         spy.recording = False
+        spy.restore()
     everyone = c.comm.gather(np.concatenate(spy.used), root=0)
     smallest = c.comm.gather(min(len(u) for u in spy.used), root=0)
     if c.is_root:
@@ -69,9 +79,8 @@ def main() -> int:
                 seen.append(mode)
             switches = sum(a != b for a, b in zip(seen, seen[1:]))
             assert switches >= 3, f"modes {seen}: gradient and averaging windows should alternate"
-        print(f"scheduling ok ({name}): {train.n_rows} rows once each; window batches {windows}")
-    distributed.shutdown()
-    return 0
+        print(f"scheduling ok ({name}): {train.n_rows} rows once each; window batches {windows}",
+              flush=True)
 
 
 if __name__ == "__main__":

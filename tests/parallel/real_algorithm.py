@@ -34,10 +34,16 @@ class RowSpy:
 
     def __init__(self, *modules):
         self.real = modules[0].make_batch
+        self.modules = modules
         self.used: list[np.ndarray] = []
         self.recording = False
         for m in modules:
             m.make_batch = self
+
+    def restore(self) -> None:
+        """Puts the real `make_batch` back (the next check installs its own spy)."""
+        for m in self.modules:
+            m.make_batch = self.real
 
     def __call__(self, ds, rows):
         if self.recording:
