@@ -339,12 +339,17 @@ MinJobAge=4
         while True:
             show = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=self.env(),
                                   capture_output=True, text=True)
-            fields = dict(f.split("=", 1) for f in show.stdout.split() if "=" in f)
-            state = fields.get("JobState", "")
-            if state and state not in _LIVE_STATES:
-                code, sig = (int(x) for x in fields.get("ExitCode", "0:0").split(":"))
-                rc = code or (128 + sig if sig else 0) or (0 if state == "COMPLETED" else 1)
-                return subprocess.CompletedProcess(argv, rc, sub.stdout, sub.stderr + state)
+            # One line a job, or a job array's element (all must have ended).
+            jobs = [dict(f.split("=", 1) for f in line.split() if "=" in f)
+                    for line in show.stdout.splitlines() if line.strip()]
+            states = [j.get("JobState", "") for j in jobs]
+            if jobs and all(st and st not in _LIVE_STATES for st in states):
+                rcs = []
+                for j, st in zip(jobs, states):
+                    code, sig = (int(x) for x in j.get("ExitCode", "0:0").split(":"))
+                    rcs.append(code or (128 + sig if sig else 0) or (0 if st == "COMPLETED" else 1))
+                rc = next((r for r in rcs if r), 0)
+                return subprocess.CompletedProcess(argv, rc, sub.stdout, sub.stderr + " ".join(states))
             if show.returncode != 0 and "Invalid job id" in show.stderr:
                 raise RuntimeError(f"job {job_id} ({argv}) vanished before its end was seen")
             if time.monotonic() > deadline:
