@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from mpirun import train
 from slurm_cluster import SlurmCluster, slurm_available
 
 
@@ -26,3 +27,12 @@ def cluster():
             yield running
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sync_reference(tmp_path_factory):
+    """One uninterrupted 2-rank sync run of the tiny config, shared by the tests that read it
+    (test_sync: it learns; test_checkpoint: resumed runs must end exactly there): 10 epochs,
+    40 rounds, a checkpoint every 8 (24, 32 and 40 kept). Returns (run folder, summary)."""
+    run = tmp_path_factory.mktemp("sync_reference") / "run"
+    return run, train(2, run, "checkpoint.every=8")

@@ -152,10 +152,9 @@ SETS = ("checkpoint.every=8",)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted 2-rank sync run: 40 rounds, checkpoints 24, 32 and 40 kept."""
-    run = tmp_path_factory.mktemp("ref") / "run"
-    return run, train(2, run, *SETS)
+def reference(sync_reference):
+    """An uninterrupted 2-rank sync run: 40 rounds, checkpoints 24, 32 and 40 kept (conftest)."""
+    return sync_reference
 
 
 def _rank_pid(launcher: subprocess.Popen, rank: int) -> int:

@@ -38,7 +38,8 @@ def test_train_on_files_written_by_data_synth(tmp_path):
 def test_default_config_smoke(tmp_path):
     run = tmp_path / "default"
     p = cli("train", "--config", "configs/default.yaml", "--run-dir", str(run),
-            "--set", "train.epochs=0.5", "--set", "train.eval_every=0.5", "--set", "train.eval_rows=500")
+            "--set", "train.epochs=0.5", "--set", "train.eval_every=0.5", "--set", "train.eval_rows=500",
+            "--set", "train.calibrate_s=0.2")
     assert p.returncode == 0, p.stderr[-3000:]
     evals = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(l)["event"] == "eval"]

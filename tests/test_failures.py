@@ -2,7 +2,8 @@
 
 Each case runs the real CLI (under mpirun where ranks matter) on small files written here and
 asserts the one line that tells the user what went wrong. Input errors the CLI sees before MPI
-starts are tested in one process in tests/test_cli.py; one of them runs here under mpirun.
+starts are tested in one process (here, and in tests/test_cli.py), which must end before it
+imports TensorFlow; one of them runs here under mpirun.
 """
 import contextlib
 import os
@@ -18,15 +19,20 @@ import pytest
 from hvd_adaptive.data import preset, synthesize, write_xc
 from mpirun import REPO, job_group, mpi_env, mpirun, run
 
-pytestmark = pytest.mark.mpi  # every test here starts MPI: ranks under mpirun, or a training run
+# The CLI in one process that exits 99 if it got as far as importing TensorFlow.
+BEFORE_TF = ("import sys\nfrom hvd_adaptive.cli import main\nrc = main(sys.argv[1:])\n"
+             "sys.exit(99 if 'tensorflow' in sys.modules else rc)")
 
 
 def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
-    """`hvd-adaptive train --config configs/tiny.yaml ARGS` on `ranks` ranks (1: no launcher)."""
-    argv = ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml", *args]
+    """`hvd-adaptive train --config configs/tiny.yaml ARGS` on `ranks` ranks (1: no launcher;
+    0: one process that must end before TensorFlow starts, see BEFORE_TF)."""
+    argv = ["train", "--config", "configs/tiny.yaml", *args]
     if ranks > 1:
-        return mpirun(ranks, argv, timeout=120, **env)
-    return run([sys.executable, *argv], 120, mpi_env(**env))
+        return mpirun(ranks, ["-m", "hvd_adaptive.cli", *argv], timeout=120, **env)
+    if ranks == 0:
+        return run([sys.executable, "-c", BEFORE_TF, *argv], 60, mpi_env(**env))
+    return run([sys.executable, "-m", "hvd_adaptive.cli", *argv], 120, mpi_env(**env))
 
 
 def sets(**kv) -> list[str]:
@@ -46,6 +52,7 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.mark.mpi
 def test_exception_on_rank1_ends_the_job_fast(tmp_path):
     """Timed from the line printed just before the training loop, so start-up under a busy
     machine does not count; a hang would run into the 120 s timeout instead."""
@@ -72,6 +79,7 @@ def test_exception_on_rank1_ends_the_job_fast(tmp_path):
     assert "[rank 1] error: RuntimeError: injected failure at round 3" in out, out[-2000:]
 
 
+@pytest.mark.mpi
 def test_an_input_error_before_mpi_ends_a_two_rank_job_cleanly(tmp_path, files):
     # Both ranks stop before MPI starts (run.check_inputs): mpirun must end the job with their
     # one line each, no traceback and no hang (the timeout is 120 s).
@@ -84,13 +92,15 @@ def test_an_input_error_before_mpi_ends_a_two_rank_job_cleanly(tmp_path, files):
 
 
 def test_test_file_with_other_feature_count(tmp_path, files):
+    # Seen in the files' headers before MPI and TensorFlow start (data.check_sources).
     p = cli(["--run-dir", str(tmp_path / "r")]
-            + sets(data__train=files / "train.txt", data__test=files / "test250.txt"), ranks=1)
-    assert p.returncode == 2
+            + sets(data__train=files / "train.txt", data__test=files / "test250.txt"), ranks=0)
+    assert p.returncode == 2, p.stderr[-2000:]
     assert (f"{files / 'test250.txt'}:1: header says n_features=250 but 300 was expected"
             in p.stderr), p.stderr[-2000:]
 
 
+@pytest.mark.mpi
 def test_more_ranks_than_rows(tmp_path, files):
     p = cli(["--run-dir", str(tmp_path / "r")]
             + sets(data__train=files / "two.txt", data__test=files / "test.txt"), ranks=3)
@@ -101,11 +111,12 @@ def test_more_ranks_than_rows(tmp_path, files):
 def test_batch_larger_than_data(tmp_path, files):
     p = cli(["--run-dir", str(tmp_path / "r")] + sets(
         data__train=files / "train.txt", data__test=files / "test.txt", train__batch_size=500),
-        ranks=1)
-    assert p.returncode == 2
+        ranks=0)  # the training file's header has the row count: before TensorFlow starts
+    assert p.returncode == 2, p.stderr[-2000:]
     assert "train.batch_size: 500 is larger than the 200 training rows" in p.stderr, p.stderr
 
 
+@pytest.mark.mpi
 def test_nan_loss_stops_with_a_clear_message_and_no_bad_checkpoint(tmp_path):
     run = tmp_path / "r"
     p = cli(["--run-dir", str(run)] + sets(optim__lr="1.0e+30", checkpoint__every=1))
@@ -113,6 +124,7 @@ def test_nan_loss_stops_with_a_clear_message_and_no_bad_checkpoint(tmp_path):
     assert "FloatingPointError: loss became" in p.stderr and "lower optim.lr" in p.stderr, p.stderr
 
 
+@pytest.mark.mpi
 def test_a_model_gone_nan_keeps_the_last_good_checkpoints(tmp_path):
     # The test hook writes NaN into the model at the start of round 6: rounds 0-5 ended with a
     # checkpoint each (the newest 3 kept), round 6's loss is NaN and no checkpoint follows it.

@@ -2,14 +2,13 @@
 import numpy as np
 import pytest
 
-from mpirun import mpirun, records, train
+from mpirun import mpirun, records
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 
-def test_sync_two_ranks_learns_and_keeps_replicas_identical(tmp_path):
-    run = tmp_path / "sync"
-    s = train(2, run)
+def test_sync_two_ranks_learns_and_keeps_replicas_identical(sync_reference):
+    run, s = sync_reference
     assert s["ranks"] == 2
     # well above always predicting the most frequent label
     assert s["final"]["p_at_1"] > max(2 * s["baseline_p_at_1"], s["baseline_p_at_1"] + 0.15), s
@@ -26,11 +25,21 @@ def test_sync_two_ranks_learns_and_keeps_replicas_identical(tmp_path):
     assert (run / "config.json").is_file()
 
 
-@pytest.mark.parametrize("partition,optimizer", [("equal", "sgd"), ("proportional", "sgd"),
-                                                 ("sharded", "adagrad")])
-def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(partition, optimizer):
+CASES = [("equal", "sgd"), ("proportional", "sgd"), ("sharded", "adagrad")]
+
+
+@pytest.fixture(scope="module")
+def equivalence():
+    """check_sync_equivalence.py's cases, one after another in one 2-rank job."""
+    return mpirun(2, ["tests/parallel/check_sync_equivalence.py", *(f"{p}:{o}" for p, o in CASES)],
+                  timeout=300)
+
+
+@pytest.mark.parametrize("partition,optimizer", CASES)
+def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(equivalence, partition,
+                                                                            optimizer):
     """The sharded output-layer update (auto's gradient windows) with Adagrad, whose state the
     shards must keep, equals one process too; proportional splits follow their rule."""
-    p = mpirun(2, ["tests/parallel/check_sync_equivalence.py", partition, optimizer], timeout=180)
+    p = equivalence
+    assert f"sync equivalence ok ({partition}, {optimizer})" in p.stdout, p.stdout[-2000:] + p.stderr[-3000:]
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    assert f"sync equivalence ok ({partition}, {optimizer})" in p.stdout

@@ -175,6 +175,21 @@ def _read_header(first: bytes, fmt: str, path, n_features, n_labels):
     return head
 
 
+def read_header(path, *, fmt="auto", n_features=None, n_labels=None):
+    """An XC file's header ``(n_points, n_features, n_labels)`` from its first line alone, or
+    None for a LIBSVM file: the shape errors a run can report before it loads any data.
+
+    Raises:
+        DataError: An empty file, a malformed header, or a shape other than the one expected.
+    """
+    src = os.fspath(path)
+    with open(src, "rb") as f:
+        first = f.readline()
+    if not first:
+        raise _err(src, 1, "empty file")
+    return _read_header(first, fmt, src, n_features, n_labels)
+
+
 def _check_header_shape(path, nf, nl, want_nf, want_nl):
     for name, have, want in (("n_features", nf, want_nf), ("n_labels", nl, want_nl)):
         if want is not None and have != want:

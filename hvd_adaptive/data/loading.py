@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from hvd_adaptive.config import Config, ConfigError
-from hvd_adaptive.data.formats import DataError, Dataset, load_dataset
+from hvd_adaptive.data.formats import DataError, Dataset, load_dataset, read_header
 from hvd_adaptive.data.synth import PRESETS, preset, synthesize, synthesize_cached
 
 if TYPE_CHECKING:
@@ -46,11 +46,13 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
 
 
 def check_sources(cfg: Config) -> None:
-    """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing file.
+    """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing
+    file, and from XC files' headers (their first lines) a test file of another shape than the
+    training file or a batch larger than the training rows.
 
     Raises:
-        ConfigError: data.synth.preset is not a name of PRESETS.
-        DataError: data.train or data.test is not a file.
+        ConfigError: data.synth.preset is not a name of PRESETS; train.batch_size too large.
+        DataError: data.train or data.test is not a file, or their headers disagree.
     """
     d = cfg.data
     if d.train == "synthetic":
@@ -61,6 +63,10 @@ def check_sources(cfg: Config) -> None:
     for key, path in (("data.train", d.train), ("data.test", d.test)):
         if not os.path.isfile(path):
             raise DataError(f"{path}: data file not found ({key})")
+    head = read_header(d.train, fmt=d.format)
+    if head is not None:
+        read_header(d.test, fmt=d.format, n_features=head[1], n_labels=head[2])
+        _check_batch(cfg, head[0], d.train)
 
 
 def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
@@ -68,6 +74,10 @@ def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
     n, src = train_ds.n_rows, train_ds.source or "the synthetic training set"
     if n < ranks:
         raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
+    _check_batch(cfg, n, src)
+
+
+def _check_batch(cfg: Config, n: int, src: str) -> None:
     if cfg.train.batch_size > n:
         raise ConfigError(f"train.batch_size: {cfg.train.batch_size} is larger than the {n} "
                           f"training rows of {src}")

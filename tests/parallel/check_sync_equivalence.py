@@ -1,7 +1,9 @@
 """Run under mpirun: sync SGD on N ranks equals one-process SGD on the same global batches,
 and distributed evaluation equals a one-process evaluation of the same model.
 
-Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py equal|proportional|sharded [OPTIMIZER]
+Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py CASE [CASE ...]
+  CASE: PARTITION[:OPTIMIZER], PARTITION one of equal, proportional, sharded (sgd by default);
+  the cases run one after another in the same ranks.
 
 The ranks train one epoch of the tiny config with the real Sync algorithm (rank 1 slowed 3x, so
 that the proportional partition splits every step unevenly); `sharded` is sync with that
@@ -24,8 +26,15 @@ from hvd_adaptive.config import load_config
 
 
 def main() -> int:
-    partition = sys.argv[1]
-    optimizer = sys.argv[2] if len(sys.argv) > 2 else "sgd"
+    c = distributed.init(threads=1)
+    for case in sys.argv[1:]:
+        partition, _, optimizer = case.partition(":")
+        check(partition, optimizer or "sgd", c)
+    distributed.shutdown()
+    return 0
+
+
+def check(partition: str, optimizer: str, c) -> None:
     # Adagrad's accumulators start at 0, so a row's first step is lr x sign(g): for a gradient
     # of float-noise size the summation order of two processes decides it. eps 0.01 damps steps
     # of gradients far below it, so the comparison sees the update rule, not the noise.
@@ -35,7 +44,6 @@ def main() -> int:
     cfg, _ = load_config("configs/tiny.yaml", [
         *algorithm, "train.epochs=1", "hetero.slowdown={1: 3.0}", f"optim.name={optimizer}",
         *opt_sets])
-    c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.algorithms.base import chunks
     from hvd_adaptive.data import epoch_permutation, load_data, make_batch
@@ -112,9 +120,7 @@ def main() -> int:
             for k in METRIC_NAMES:
                 assert abs(got[k] - want[k]) < 1e-9, (rows, k, got[k], want[k])
         print(f"sync equivalence ok ({partition}, {optimizer}): {len(splits)} windows, rows per rank "
-              f"{splits[-2]}")
-    distributed.shutdown()
-    return 0
+              f"{splits[-2]}", flush=True)
 
 
 if __name__ == "__main__":
