@@ -77,3 +77,14 @@ def train(n: int, run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",
 def records(run_dir: Path, event: str) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["event"] == event]
+
+
+def explain(p: subprocess.CompletedProcess) -> str:
+    """A failed job's output for an assertion message: the tail of stdout, the first traceback
+    on stderr (where a rank's own error is; other ranks then report Horovod's shut-down), and
+    the tail of stderr."""
+    err = p.stderr
+    first = err.find("Traceback")
+    head = err[first:first + 4000] if first >= 0 else ""
+    return (f"exit {p.returncode}\nstdout:\n{p.stdout[-2000:]}\nfirst traceback:\n{head}\n"
+            f"stderr tail:\n{err[-2000:]}")

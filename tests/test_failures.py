@@ -103,7 +103,8 @@ def test_test_file_with_other_feature_count(tmp_path, files):
 @pytest.mark.mpi
 def test_more_ranks_than_rows(tmp_path, files):
     p = cli(["--run-dir", str(tmp_path / "r")]
-            + sets(data__train=files / "two.txt", data__test=files / "test.txt"), ranks=3)
+            + sets(data__train=files / "two.txt", data__test=files / "test.txt", train__batch_size=1),
+            ranks=3)
     assert p.returncode != 0
     assert f"{files / 'two.txt'}: only 2 training rows for 3 ranks" in p.stderr, p.stderr[-2000:]
 
