@@ -42,7 +42,7 @@ command -v mpirun >/dev/null 2>&1 || need_pkgs+=(openmpi-bin)
   || need_pkgs+=(libopenmpi-dev)
 command -v cmake >/dev/null 2>&1 || need_pkgs+=(cmake)
 command -v g++ >/dev/null 2>&1 || need_pkgs+=(g++)
-# ip: the multi-node tests build their nodes from network namespaces (tests/nodes.py).
+# ip: the multi-node tests build their nodes from network namespaces (tests/harness/nodes.py).
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 if [ "$WITH_SLURM" = 1 ]; then
   command -v slurmctld >/dev/null 2>&1 || need_pkgs+=(slurm-wlm)

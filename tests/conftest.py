@@ -1,17 +1,22 @@
 """Shared fixtures: one real Slurm cluster for every Slurm test of the session."""
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from mpirun import train
-from slurm_cluster import SlurmCluster, slurm_available
+# The harness (tests/harness: MPI jobs, namespaced nodes, the Slurm cluster, trained runs) is
+# imported by module name from the tests; the ranks' programs live in tests/parallel.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
+
+from mpirun import train  # noqa: E402
+from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "multinode: runs ranks on several namespaced nodes "
-                            "(tests/nodes.py; root, iproute2)")
+                            "(tests/harness/nodes.py; root, iproute2)")
 
 
 @pytest.fixture(scope="session")

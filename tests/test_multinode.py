@@ -1,4 +1,4 @@
-"""Several nodes for real: mpirun and Slurm across namespaced nodes (tests/nodes.py), as root.
+"""Several nodes for real: mpirun and Slurm across namespaced nodes (tests/harness/nodes.py), as root.
 
 Run (after `bash launch/setup.sh --slurm`):
 
@@ -59,7 +59,7 @@ def _explain(p) -> str:
 
 def test_a_killed_harness_leaves_nothing_behind_once_the_next_one_starts():
     """Nodes of a process killed midway (no finally ran) go with the next harness's start."""
-    code = ("import subprocess, sys, time; sys.path.insert(0, 'tests'); from nodes import Nodes\n"
+    code = ("import subprocess, sys, time; sys.path.insert(0, 'tests/harness'); from nodes import Nodes\n"
             "n = Nodes(2).__enter__()\n"
             "p = subprocess.Popen(n.on(1, ['sleep', '300']), start_new_session=True)\n"
             "print(n.tag, p.pid, flush=True); time.sleep(300)")

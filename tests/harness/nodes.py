@@ -7,7 +7,7 @@ the filesystem, as a cluster's nodes share a home. `ip netns exec` bind-mounts
 /etc/netns/<node>/hosts over /etc/hosts, so node names resolve on every node.
 
 mpirun runs on node 0 (like a job's first node) with a hostfile of the node names; OpenMPI
-starts its daemon on the other nodes through ``tests/node_agent.sh`` (``plm_rsh_agent``), which
+starts its daemon on the other nodes through ``tests/harness/node_agent.sh`` (``plm_rsh_agent``), which
 enters that node's namespaces instead of ssh-ing to it.
 
 Usage:
@@ -17,7 +17,7 @@ Usage:
         nodes.link_down(1)                                               # fault injection
 
     # the same from a shell: bring up 2 nodes, run CMD on node 0, tear down
-    python tests/nodes.py 2 -- mpirun --hostfile '$HVD_NODES_HOSTFILE' ... CMD
+    python tests/harness/nodes.py 2 -- mpirun --hostfile '$HVD_NODES_HOSTFILE' ... CMD
 
 Everything created (processes inside the namespaces, namespaces, links, the bridge, the
 /etc/netns entries, the temporary folder) is removed by name and PID on exit, and entries of
@@ -237,7 +237,7 @@ class Nodes:
 
 
 def _main(argv: list[str]) -> int:
-    """python tests/nodes.py N [--slots S] -- CMD...: CMD runs on node 0, then all is removed."""
+    """python tests/harness/nodes.py N [--slots S] -- CMD...: CMD runs on node 0, then all is removed."""
     if "--" not in argv:
         print(__doc__, file=sys.stderr)
         return 2

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Launch agent for the namespaced test nodes (tests/nodes.py), in place of ssh:
+# Launch agent for the namespaced test nodes (tests/harness/nodes.py), in place of ssh:
 #   node_agent.sh NODE COMMAND...
 # runs COMMAND on NODE: in the network namespace named NODE, in a fresh UTS namespace whose
 # hostname is NODE. Like ssh, the words of COMMAND are joined and run by a shell, which is

@@ -11,14 +11,16 @@ from typing import Iterator
 
 from hvd_adaptive.run import mpirun_command
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = Path(__file__).resolve().parent
 
 
 def mpi_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
+               # The ranks' programs in tests/parallel import the harness's real_algorithm.
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HARNESS), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
 

@@ -1,7 +1,7 @@
 """Shared by the checks that drive a real algorithm under mpirun: build it, spy on its batches.
 
-The checks import this module by name: their own folder is first on sys.path when mpirun
-starts `python tests/parallel/check_*.py`.
+The checks import this module by name: the harness's mpi_env puts tests/harness on PYTHONPATH
+when mpirun starts `python tests/parallel/check_*.py`.
 """
 import numpy as np
 

@@ -12,7 +12,7 @@ depends on a clean machine: the munge socket and the Slurm ports are private to 
 so daemons left over from a crashed earlier run (or system ones) never block a new cluster.
 The recipe follows /work/shared/ENVIRONMENT.md ("A real Slurm cluster on one machine").
 
-Several nodes: given ``nodes`` (a running tests/nodes.py ``Nodes``), slurmctld listens on the
+Several nodes: given ``nodes`` (a running tests/harness/nodes.py ``Nodes``), slurmctld listens on the
 bridge's address and one slurmd runs inside each node's namespaces, under the node's name:
 
     with Nodes(2) as nodes, SlurmCluster(workdir, cpus=2, nodes=nodes) as cluster:
@@ -187,7 +187,7 @@ class SlurmCluster:
         nodes = "".join(f"NodeName={name} NodeAddr={addr} CPUs={self.cpus} RealMemory=2000 "
                         "State=UNKNOWN\n" for name, addr in self.node_addrs)
         self.conf.write_text(f"""\
-# Written by tests/slurm_cluster.py for one test cluster; every path is inside {w}.
+# Written by tests/harness/slurm_cluster.py for one test cluster; every path is inside {w}.
 ClusterName=hvdtest
 SlurmctldHost={self.host}({self.ctld_addr})
 SlurmUser=slurm
