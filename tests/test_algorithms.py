@@ -121,20 +121,6 @@ def test_adaptive_merge_follows_its_rule_window_by_window(merges, mode, ranks):
     assert f"merge ok ({mode})" in p.stdout and p.returncode == 0, explain(p)
 
 
-@pytest.mark.mpi
-def test_the_algorithm_hears_each_evaluations_weight_norm(tmp_path):
-    # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
-    # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.
-    from hvd_adaptive import checkpoint as ck
-
-    run = tmp_path / "run"
-    train(1, run, "train.algorithm=adaptive", "adaptive.norm_mode=grow", "train.epochs=2",
-          "train.eval_every=1")
-    state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])
-    last = records(run, "eval")[-1]
-    assert last["epoch"] == 2.0 and state["adaptive.prev_norm"] == pytest.approx(last["weight_norm"], abs=1e-4)
-
-
 # One adaptive run for the learning-rate, merge-weight and normalization rules (issue 20): a
 # warm-up epoch of three, then batch sizes that differ (rank 1 slowed), learning rates scaled
 # by them and decaying, merge weights from the rows each rank took, tilted while the weights'
@@ -198,3 +184,15 @@ def test_merge_weights_are_row_shares_tilted_while_the_weight_norm_shrinks(rules
             seen["not boosted after a rise"] += compared and not boost
             seen["rows differ from batches"] += bool(np.abs(shares - batches / batches.sum()).max() > 0.01)
     assert all(seen.values()), seen
+
+
+@pytest.mark.mpi
+def test_the_algorithm_hears_each_evaluations_weight_norm(rules_run):
+    # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
+    # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.
+    from hvd_adaptive import checkpoint as ck
+
+    run, _ = rules_run
+    state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])
+    last = records(run, "eval")[-1]
+    assert last["epoch"] == 3.0 and state["adaptive.prev_norm"] == pytest.approx(last["weight_norm"], abs=1e-4)
