@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster
+from hvd_adaptive.cli import main as cli_main
+from hvd_adaptive.sweep import expand
 from mpirun import REPO
+from slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
@@ -66,13 +68,25 @@ def test_sweep_array_runs_every_point(cluster):
     out = cluster.workdir / "jobs" / "sweep-%a.out"
     outs = [Path(str(out).replace("%a", str(i))) for i in (0, 1)]
     result = _submit(cluster, ["--array=0-1", "--ntasks=2", f"--output={out}",
-                               "slurm/sweep.sbatch", "configs/sweep_tiny.yaml", "--root", str(root)])
+                               "slurm/sweep.sbatch", "configs/sweep_tiny.yaml", "--root", str(root),
+                               "--set", "train.epochs=4"])
     assert result.returncode == 0, _explain(cluster, result, *outs)
-    for name, algorithm in (("train.algorithm=sync", "sync"), ("train.algorithm=local", "local")):
+    names = [p.name for p in expand(REPO / "configs" / "sweep_tiny.yaml")]
+    assert names == ["train.algorithm=sync", "train.algorithm=local"]
+    for index, name in enumerate(names):
         summary_path = root / "sweep_tiny" / name / "summary.json"
         assert summary_path.is_file(), _explain(cluster, result, *outs)
         summary = json.loads(summary_path.read_text())
-        assert summary["algorithm"] == algorithm and summary["ranks"] == 2, summary
+        assert summary["algorithm"] == name.split("=")[1] and summary["ranks"] == 2, summary
+        assert summary["final"]["epoch"] == 4.0  # --set reaches every point
+        assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"]
+        text = outs[index].read_text(errors="replace")
+        assert text.count(f"sweep point {index} of 2: {name}") == 1, text[-2000:]  # rank 0 only
+    # The report reads a sweep's folders as they are.
+    figure = root / "sweep.png"
+    folders = sorted(str(f) for f in (root / "sweep_tiny").iterdir())
+    assert cli_main(["report", *folders, "--out", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("case, extra, needle", [
