@@ -125,12 +125,43 @@ def test_hogbatch_async_workers_both_progress_learn_and_use_every_row_once(plain
     np.testing.assert_array_equal(fp[0], fp[1])
 
 
+THRESHOLD = 0.2
+ADAPTIVE = ("train.algorithm=adaptive_hogbatch", *HETERO, f"hogbatch.threshold={THRESHOLD}")
+
+
+@pytest.fixture(scope="module")
+def adaptive(tmp_path_factory):
+    run = tmp_path_factory.mktemp("adaptive_hogbatch") / "run"
+    return run, train(2, run, *ADAPTIVE)
+
+
 @pytest.mark.mpi
-def test_adaptive_hogbatch_balances_update_counts_plain_does_not(plain, tmp_path):
-    threshold = 0.2
-    s = train(2, tmp_path / "adaptive", "train.algorithm=adaptive_hogbatch", *HETERO,
-              f"hogbatch.threshold={threshold}")
-    plain_u, adapt_u = updates_late(plain[0]), updates_late(tmp_path / "adaptive")
+def test_adaptive_hogbatch_resizes_by_its_rule(adaptive):
+    """Every resizing decision a worker took (logged with the rates it read from the shared
+    table) is balance.adapt_batch's for those figures, and each starts from the batch the
+    worker's previous decision left."""
+    run, _ = adaptive
+    cfg, _ = load_config("configs/tiny.yaml", ADAPTIVE)
+    seen = {"resized": 0, "kept": 0}
+    for rank in (0, 1):
+        _, b, b_min, b_max = worker_batch(cfg, rank)
+        adjusting = False
+        for rec in records(run, "round"):
+            for d in rec["ranks"][rank]["decisions"]:
+                assert (d["b"], d["adjusting"]) == (b, adjusting), (rank, rec["round"], d)
+                want = adapt_batch(b, np.array(d["rates"]), rank, THRESHOLD, b_min, b_max, adjusting)
+                assert (d["to"], d["then"]) == want, (rank, rec["round"], d, want)
+                seen["resized" if d["to"] != b else "kept"] += 1
+                b, adjusting = d["to"], d["then"]
+            assert rec["ranks"][rank]["batch_size"] == b, (rank, rec["round"])
+    assert all(seen.values()), seen  # both outcomes of the rule were exercised
+
+
+@pytest.mark.mpi
+def test_adaptive_hogbatch_balances_update_counts_plain_does_not(plain, adaptive):
+    threshold = THRESHOLD
+    run, s = adaptive
+    plain_u, adapt_u = updates_late(plain[0]), updates_late(run)
     assert plain_u.max() / plain_u.min() > 2, plain_u
     assert np.abs(adapt_u / adapt_u.mean() - 1).max() <= threshold, adapt_u
     sizes = s["algorithm_state"]["batch_sizes"]

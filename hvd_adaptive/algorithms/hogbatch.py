@@ -103,6 +103,9 @@ class Hogbatch(Algorithm):
         self._period = [0, 0.0]  # updates and seconds since the rate was last published
         self._seen = np.zeros(cluster.size)  # others' publication counts at our last resize
         self._adjusting = False
+        # Adaptive's resizing decisions of the current round, as the rule saw and took them
+        # (logged in the round record: the rule can be recomputed from the run's own figures).
+        self._decisions: list[dict] = []
 
         w1, dense = self.variables[0], self.variables[1:]
         pulled = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, *w1.shape[1:]], tf.float32),
@@ -202,9 +205,12 @@ class Hogbatch(Algorithm):
         # slow worker's stale rate with several resizes in a row.
         if np.all(seq[others] > self._seen[others]):
             self._seen = seq
-            b, self._adjusting = adapt_batch(self.b, table[:, RATE].copy(), me,
-                                             self.hogbatch_cfg.threshold, self.b_min, self.b_max,
-                                             self._adjusting)
+            rates, before = table[:, RATE].copy(), (self.b, self._adjusting)
+            b, self._adjusting = adapt_batch(self.b, rates, me, self.hogbatch_cfg.threshold,
+                                             self.b_min, self.b_max, self._adjusting)
+            self._decisions.append({"b": before[0], "adjusting": before[1],
+                                    "rates": [float(r) for r in rates],
+                                    "to": b, "then": self._adjusting})
             if b != self.b:
                 self._set_batch(b)
 
@@ -251,6 +257,8 @@ class Hogbatch(Algorithm):
         stats.extra.update(kind=self.kind, update_share=round(float(shares[self.cluster.rank]), 4),
                            cpu_update_share=None if cpu_share is None else round(cpu_share, 4),
                            skipped_total=int(self.own_row[SKIPPED]))
+        if self.adaptive:
+            stats.extra["decisions"], self._decisions = self._decisions, []
         return stats
 
     def state(self) -> dict:
