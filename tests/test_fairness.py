@@ -4,12 +4,13 @@ With rank 1 slowed 4x in sleep mode, every algorithm's slowed rank must take abo
 as long per row of local computation (forward, backward, optimizer update) as the other rank,
 and its communication must not be multiplied. Batch sizes are pinned so that per-row costs compare.
 """
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mpirun import records, train
+from mpirun import explain, mpirun, records, train
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
@@ -24,16 +25,30 @@ def per_rank(rounds, key):
     return np.array([sum(rec["ranks"][i][key] for rec in rounds) for i in range(2)], float)
 
 
-@pytest.mark.parametrize("name, sets", [
-    ("sync", ["train.algorithm=sync"]),
-    ("local", ["train.algorithm=local"]),
-    ("sma", ["train.algorithm=sma"]),
-    ("adaptive", ["train.algorithm=adaptive", "adaptive.b_min=128"]),
-    ("hogbatch", ["train.algorithm=hogbatch", "hogbatch.round_epochs=0.5"]),
-])
-def test_slowdown_multiplies_local_computation_only(tmp_path, name, sets):
-    train(2, tmp_path / name, *WORKLOAD, SLOW, *sets)
-    rounds = records(tmp_path / name, "round")[1:]  # the first round includes warm-up effects
+# Each algorithm's own settings (batch sizes pinned so that per-row costs compare).
+ALGOS = {"sync": [], "local": [], "sma": [], "adaptive": ["adaptive.b_min=128"],
+         "hogbatch": ["hogbatch.round_epochs=0.5"]}
+
+
+@pytest.fixture(scope="module")
+def accounts():
+    """{algorithm: its rounds' per-rank records}: WORKLOAD with SLOW for every algorithm, one
+    after another in one 2-rank job (tests/parallel/check_fairness.py)."""
+    plan = {"sets": [*WORKLOAD, SLOW], "algorithms": ALGOS}
+    p = mpirun(2, ["tests/parallel/check_fairness.py", json.dumps(plan)], timeout=300)
+    assert p.returncode == 0, explain(p)
+    out = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("fairness "):
+            _, name, rounds = line.split(" ", 2)
+            out[name] = [{"ranks": ranks} for ranks in json.loads(rounds)]
+    return out
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_slowdown_multiplies_local_computation_only(accounts, name):
+    assert name in accounts, f"no accounts for {name}: {sorted(accounts)}"
+    rounds = accounts[name][1:]  # the first round includes warm-up effects
     rows, batches = per_rank(rounds, "samples"), per_rank(rounds, "batches")
     compute, comm = per_rank(rounds, "compute_s"), per_rank(rounds, "comm_s")
     slept = per_rank(rounds, "slowdown_s")
