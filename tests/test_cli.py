@@ -1,5 +1,6 @@
-"""The real CLI end to end: synthetic files on disk, training on them, the default config; and
-the input errors it refuses before MPI and TensorFlow start."""
+"""The real CLI end to end in one process (no launcher): synthetic files on disk, training on
+them; and the input errors it refuses before MPI and TensorFlow start. The default config's
+run is test_launch.py's."""
 import json
 import subprocess
 import sys
@@ -32,19 +33,6 @@ def test_train_on_files_written_by_data_synth(tmp_path):
     assert used["train"]["threads"] >= 1 and used["hogbatch"]["cpu_threads"] == used["train"]["threads"]
     assert used["adaptive"]["b_max"] == used["hogbatch"]["gpu_batch"] == 64  # tiny's batch size
     assert "eval  epoch" in p.stdout and "done: P@1" in p.stdout
-
-
-@pytest.mark.mpi
-def test_default_config_smoke(tmp_path):
-    run = tmp_path / "default"
-    p = cli("train", "--config", "configs/default.yaml", "--run-dir", str(run),
-            "--set", "train.epochs=0.5", "--set", "train.eval_every=0.5", "--set", "train.eval_rows=500",
-            "--set", "train.calibrate_s=0.2")
-    assert p.returncode == 0, p.stderr[-3000:]
-    evals = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()
-             if json.loads(l)["event"] == "eval"]
-    assert evals and abs(evals[-1]["epoch"] - 0.5) < 0.01
-    assert json.loads((run / "config.json").read_text())["train"]["epochs"] == 0.5
 
 
 def test_bad_config_and_missing_file_are_one_clear_line(tmp_path):
