@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -463,6 +464,9 @@ def _positive(obj: Any, path: str, *names: str) -> None:
             raise ConfigError(f"{path}.{n}: must be > 0, got {v}")
 
 
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _convert(tp: Any, value: Any, path: str) -> Any:
     """Checks/converts one YAML value against a type hint; raises ConfigError with the path."""
     origin = typing.get_origin(tp)
@@ -502,6 +506,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+            # YAML 1.1 reads 1e-8 (no dot) as a string, and config.json writes floats that way.
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         return float(value)

@@ -79,6 +79,19 @@ def test_round_trip_through_json():
     assert back == cfg
 
 
+def test_a_runs_config_json_is_a_config_file_again(tmp_path):
+    # config.json writes 1e-08 (json.dumps), which YAML 1.1 reads as a string; so does a user's
+    # "eps: 1e-8". Both must load as the number, and a word must still be refused.
+    cfg, _ = load_config(None, ["optim.eps=1e-8", "optim.lr=2.5e-1"])
+    assert (cfg.optim.eps, cfg.optim.lr) == (1e-8, 0.25)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    again, _ = load_config(tmp_path / "config.json")
+    assert again == cfg
+    (tmp_path / "bad.yaml").write_text("optim:\n  eps: tiny\n")
+    with pytest.raises(ConfigError, match="optim.eps: expected a number, got 'tiny'"):
+        load_config(tmp_path / "bad.yaml")
+
+
 def test_shipped_configs_load():
     for p in sorted(Path(__file__).parents[1].glob("configs/*.yaml")):
         load_config(p, extra_sections=("sweep",))

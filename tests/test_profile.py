@@ -81,13 +81,15 @@ def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
                                           "train.epochs=1000"))
     with job_group(cmd, env=mpi_env(), cwd=REPO, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL):
+        def members() -> list[int]:
+            return [int(p) for g in left_behind() for p in (g / "cgroup.procs").read_text().split()]
+
+        # A cgroup is made, then its rank enters it: wait for both ranks inside.
         deadline = time.time() + 120
-        while len(left_behind()) < 2 and time.time() < deadline:
+        while (len(left_behind()) < 2 or len(members()) < 2) and time.time() < deadline:
             time.sleep(0.2)
-        groups = left_behind()
-        assert len(groups) == 2, f"the two ranks' cgroups never appeared: {groups}"
-        ranks = [int(p) for g in groups for p in (g / "cgroup.procs").read_text().split()]
-        assert len(ranks) >= 2, ranks
+        groups, ranks = left_behind(), members()
+        assert len(groups) == 2 and len(ranks) >= 2, f"the ranks never entered their cgroups: {groups} {ranks}"
         for pid in ranks:  # as the OOM killer or a node failure would: no exit handler runs
             os.kill(pid, signal.SIGKILL)
         deadline = time.time() + 10
