@@ -106,17 +106,19 @@ def test_cpu_quota_mode_slows_the_whole_rank_for_real(tmp_path):
     # its standalone speed, measured the same way for every rank, must fall to about half.
     run = tmp_path / "quota"
     # Four epochs: 7 windows counted, each only ~0.2 s (twenty of the quota's 10 ms periods), so
-    # one window's split says little; summed over 7 the fast rank took 2.5-3.9x the rows in 9
-    # runs (over 3 windows once only 1.14x).
+    # one window's split says little; the rows are summed over all 7. Batches of 32 (32 claims
+    # a window, not 8 as with 128, which once read 1.21x in CI).
     s = train(2, run, *WORKLOAD, "hetero.slowdown={1: 2.0}", "train.algorithm=adaptive",
               "hetero.mode=cpu_quota", "train.threads=1", "train.epochs=4",
-              "train.calibrate_s=2")  # the default calibration: 200 quota periods
+              "train.calibrate_s=2", "train.batch_size=32")
     fast, slow = s["per_rank"][0]["standalone_rate"], s["per_rank"][1]["standalone_rate"]
     # 2x, blurred by the two cores' contention and the quota's periods within a 2 s
     # measurement: 1.50-2.36 in 10 runs here under the quota and once 4.64 (in a full-suite
     # run), 0.70-1.08 in 4 without it. The upper bound catches a quota far harsher than asked.
     assert 1.3 < fast / slow < 6.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
     rows = per_rank(records(run, "round")[1:], "samples")
-    assert rows[0] > 1.3 * rows[1], f"dynamic scheduling should give the fast rank more rows: {rows}"
+    # The fast rank's rows over the slow one's: 1.34-1.85 in 8 runs here under the quota,
+    # 0.96-1.14 in 3 runs of the same workload without it; 1.25 lies between.
+    assert rows[0] > 1.25 * rows[1], f"dynamic scheduling should give the fast rank more rows: {rows}"
     assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), \
         "the run left its cgroup behind"
