@@ -22,8 +22,9 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import balance, distributed
+from hvd_adaptive import balance
 from hvd_adaptive.config import load_config
+from cases import each_case
 
 PAPER = ["adaptive.row_norm=false", "adaptive.opt_state=local"]  # plain weighted average
 NORM = ["adaptive.row_norm=true", "adaptive.opt_state=average"]
@@ -38,14 +39,6 @@ MODES = {
     "float16": [*NORM, *SAMPLED, "merge.dtype=float16"],
     "chunked": [*NORM, *SAMPLED, "merge.chunk_mb=0.02"],  # several allreduces a merge
 }
-
-
-def main() -> int:
-    c = distributed.init(threads=1)
-    for mode in sys.argv[1:]:
-        check(mode, c)
-    distributed.shutdown()
-    return 0
 
 
 def check(mode: str, c) -> None:
@@ -150,4 +143,4 @@ def check(mode: str, c) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(each_case(check))

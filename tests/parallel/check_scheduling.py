@@ -18,16 +18,8 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import distributed
 from hvd_adaptive.config import load_config
-
-
-def main() -> int:
-    c = distributed.init(threads=1)
-    for name in sys.argv[1:]:
-        check(name, c)
-    distributed.shutdown()
-    return 0
+from cases import each_case
 
 
 def check(name: str, c) -> None:
@@ -84,4 +76,4 @@ def check(name: str, c) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(each_case(check))

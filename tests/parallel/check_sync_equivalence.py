@@ -20,21 +20,14 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import distributed
 from hvd_adaptive.balance import balanced_partition, keep_within_deadband
 from hvd_adaptive.config import load_config
+from cases import each_case
 
 
-def main() -> int:
-    c = distributed.init(threads=1)
-    for case in sys.argv[1:]:
-        partition, _, optimizer = case.partition(":")
-        check(partition, optimizer or "sgd", c)
-    distributed.shutdown()
-    return 0
-
-
-def check(partition: str, optimizer: str, c) -> None:
+def check(case: str, c) -> None:
+    partition, _, optimizer = case.partition(":")
+    optimizer = optimizer or "sgd"
     # Adagrad's accumulators start at 0, so a row's first step is lr x sign(g): for a gradient
     # of float-noise size the summation order of two processes decides it. eps 0.01 damps steps
     # of gradients far below it, so the comparison sees the update rule, not the noise.
@@ -124,4 +117,4 @@ def check(partition: str, optimizer: str, c) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(each_case(check))
