@@ -56,7 +56,8 @@ CONTENDERS = {
     "sync_prop": ["train.algorithm=sync", "sync.partition=proportional"],
     # adaptive SGD as published: per-rank optimizer state, plain weighted average, lr ~ batch
     "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
-                       "adaptive.row_norm=false", "adaptive.lr_scaling=linear"],
+                       "adaptive.row_norm=false", "adaptive.label_norm=false",
+                       "adaptive.lr_scaling=linear"],
 }
 SCENARIOS = ("even", "slowed", "quota", "vary")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")

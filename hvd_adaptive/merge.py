@@ -4,25 +4,30 @@ Every rank holds a replica theta_i and a merge weight w_i (the weights sum to 1 
 known to every rank after the timing allgather). The merged model, which every rank continues
 from, is
 
-    merged = sum_i w_i theta_i                                   (dense layers, biases)
-    merged[r] = sum_{i touched r} w_i theta_i[r] / sum_{i touched r} w_i   (row_norm)
+    merged = sum_i w_i theta_i                                   (hidden layers, biases)
+    merged[r] = sum_{i touched r} w_i theta_i[r] / sum_{i touched r} w_i   (normalized rows)
 
-The second line is the row-normalized rule for the row-sparse layers (input layer; output
-layer and bias under the sampled loss): a row that only some ranks trained since the last merge
-takes their weighted average, not an average diluted by the untouched replicas' old values.
+The second line is the row-normalized rule, for rows some rank touched since the last merge
+(model.TouchedRows; rows nobody touched take the first line): a row that only some ranks
+trained takes their weighted average, not an average diluted by the other replicas' values.
+adaptive.row_norm applies it to the input layer (rows: the batches' features) and, under the
+sampled loss, to the output layer and its bias (rows: the candidates); adaptive.label_norm
+applies it to the full softmax's output layer and bias (rows: the labels a rank trained as
+positives). Without the latter, a label that one rank of two saw in a window kept half of
+that rank's step (Adagrad's first step on a label is about lr whatever the gradient's size),
+which cost adaptive SGD 17-25% more rows than sync at 67,009 labels (docs/benchmark.md).
 Optimizer slots merged with the model (adaptive.opt_state: average) use the first line.
 
 Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"), so
 each rank scales its own tensors by w_i locally and one fused grouped_allreduce (op=Sum) adds
 them up: one collective per merge (per piece, below), whatever the layers.
 
-Sparse merge (merge.sparse): rows of the row-sparse layers that no rank touched since the last
-merge are identical on every rank, so only the union U of touched rows travels. Each rank marks
-the rows its training steps reached (SparseMLP.touched: features of its batches, candidate
-labels under the sampled loss); the union is agreed by one bitwise-or MPI allreduce of the
-packed masks (features / 8 + labels / 8 bytes a rank), then the rows U of every row-sparse
-variable (and of its optimizer slots) are gathered, merged and scattered back. The result equals
-the dense merge up to float rounding; the bytes moved follow |U| instead of the row count.
+Every merge agrees on the union U of each mask's touched rows by one bitwise-or MPI allreduce
+of the packed masks (rows / 8 bytes a rank). Sparse merge (merge.sparse): rows of the sparse
+layers (model.RowMask.sparse: the input layer, the sampled output layer) that no rank touched
+are identical on every rank, so only the rows U of those variables (and of their optimizer
+slots) are gathered, merged and scattered back. The result equals the dense merge up to float
+rounding; the bytes moved follow |U| instead of the row count.
 The rows travel in pieces of at most merge.chunk_mb each (one allreduce a piece, the dense
 layers with the first): a merge's send and receive buffers then stay bounded whatever |U| is.
 
@@ -38,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvd_adaptive.config import MergeConfig
-from hvd_adaptive.model import SparseMLP
+from hvd_adaptive.model import RowMask, SparseMLP
 
 
 class Merge:
@@ -49,83 +54,98 @@ class Merge:
         slots: optimizer slot variables merged with the model, one list per model variable
             (empty lists or None: slots stay per rank).
         cfg: the merge section of the config (sparse, dtype).
-        row_norm: the row-normalized rule for the row-sparse layers.
+        row_norm: the row-normalized rule for the sparse layers (adaptive.row_norm).
         comm: mpi4py communicator (the union of touched rows).
+        label_norm: the row-normalized rule for the full softmax's output layer and bias, by
+            the labels each rank trained as positives (adaptive.label_norm).
     """
 
     def __init__(self, model: SparseMLP, slots: Optional[Sequence[Sequence[tf.Variable]]],
-                 cfg: MergeConfig, row_norm: bool, comm):
-        self.model, self.cfg, self.row_norm, self.comm = model, cfg, row_norm, comm
+                 cfg: MergeConfig, row_norm: bool, comm, label_norm: bool = False):
+        self.model, self.cfg, self.comm = model, cfg, comm
         variables = model.variables_list
-        masks = model.row_sparse
-        # (variable, which touched-mask indexes its rows or None, row-normalized?)
-        self.items = [(v, m, row_norm and m is not None) for v, m in zip(variables, masks)]
-        for group, m in zip(slots or [[] for _ in variables], masks):
-            self.items += [(s, m, False) for s in group]
-        self.used_masks = sorted({m for _, m, _ in self.items if m is not None})
+        masks = model.row_masks
+        # (variable, its RowMask or None, row-normalized?)
+        self.items = [(v, rm, rm is not None and (row_norm if rm.sparse else label_norm))
+                      for v, rm in zip(variables, masks)]
+        for group, rm in zip(slots or [[] for _ in variables], masks):
+            self.items += [(s, rm, False) for s in group]
+        # Masks whose variables travel as rows of U (sparse merge), and masks whose variables
+        # travel whole but have normalized rows: the first get U's rows, the second every row.
+        self.partial = sorted({rm.mask for _, rm, _ in self.items if self._part(rm)})
+        self.whole = sorted({rm.mask for _, rm, norm in self.items if norm and not self._part(rm)})
+        if set(self.partial) & set(self.whole):
+            raise ValueError("a mask indexes both rows that travel sparse and whole variables")
         self.wire = tf.float16 if cfg.dtype == "float16" else tf.float32
         self.anchor = ([tf.Variable(v, trainable=False) for v, _, _ in self.items]
                        if cfg.dtype == "float16" else None)
         self.last_bytes = 0
         self.dense_bytes = sum(int(np.prod(v.shape)) * self.wire.size for v, _, _ in self.items)
-        # Values on the wire: the variables without a row mask travel whole; for each mask, one
-        # row of every variable it indexes, plus its row-normalization share.
-        self.fixed_values = sum(int(np.prod(v.shape)) for v, m, _ in self.items if m is None)
-        self.row_values = {m: sum(int(np.prod(v.shape[1:])) for v, mm, _ in self.items if mm == m)
-                          + any(norm for _, mm, norm in self.items if mm == m)
-                          for m in self.used_masks}
+        # Values on the wire: the variables that travel whole (with each whole mask's row
+        # shares); per partial mask, one row of every variable it indexes, plus its share.
+        self.fixed_values = (sum(int(np.prod(v.shape)) for v, rm, _ in self.items if not self._part(rm))
+                             + sum(model.touched.sizes[m] for m in self.whole))
+        self.row_values = {m: sum(int(np.prod(v.shape[1:])) for v, rm, _ in self.items
+                                  if self._part(rm) and rm.mask == m)
+                          + any(norm for _, rm, norm in self.items if self._part(rm) and rm.mask == m)
+                          for m in self.partial}
         self.last_pieces = 0
-        # The first piece carries the dense variables too; later pieces only rows.
-        self._merge_first = self._build(cfg.sparse, with_dense=True, name="weighted_merge")
-        self._merge_rows = (self._build(True, with_dense=False, name="weighted_merge_rows")
-                            if cfg.sparse else None)
+        # The first piece carries the whole variables too; later pieces only rows.
+        self._merge_first = self._build(with_whole=True, name="weighted_merge")
+        self._merge_rows = (self._build(with_whole=False, name="weighted_merge_rows")
+                            if self.partial else None)
 
-    def _build(self, sparse: bool, with_dense: bool, name: str):
+    def _part(self, rm: Optional[RowMask]) -> bool:
+        """Whether a variable travels as the rows of U (sparse merge of a sparse layer)."""
+        return self.cfg.sparse and rm is not None and rm.sparse
+
+    def _build(self, with_whole: bool, name: str):
         """The merge of the items it covers as one tf.function: rows (or whole variables),
         weighted, one grouped Horovod allreduce, divided by the row shares, written back."""
         import horovod.tensorflow as hvd
 
-        items = [(j, v, m, norm) for j, (v, m, norm) in enumerate(self.items)
-                 if with_dense or (sparse and m is not None)]
-        # Per mask of model.touched: the rows that travel and whether this rank touched each.
+        items = [(j, v, rm, norm, self._part(rm)) for j, (v, rm, norm) in enumerate(self.items)
+                 if with_whole or self._part(rm)]
+        # Per mask of model.touched: the rows that travel (partial masks) and this rank's
+        # factor per row (1 where it touched the row, 0 where another rank did; whole masks:
+        # also 1 on rows nobody touched, which then take the plain weighted average).
         n = len(self.model.touched)
         signature = ((tf.TensorSpec([None], tf.int64),) * n + (tf.TensorSpec([None], tf.float32),) * n
                      + (tf.TensorSpec([], tf.float32),))
+
+        def along(x, rm, ndim):
+            """A per-row vector shaped to broadcast along the mask's axis of a variable."""
+            shape = [1] * ndim
+            shape[rm.axis] = -1
+            return tf.reshape(x, shape)
 
         @tf.function(input_signature=signature, autograph=False)
         def merge(*args):
             rows, mine, weight = args[:n], args[n:2 * n], args[2 * n]
             sent, shares = [], {}
-            for j, v, m, norm in items:
-                x = tf.gather(v, rows[m]) if (sparse and m is not None) else tf.identity(v)
+            for j, v, rm, norm, part in items:
+                x = tf.gather(v, rows[rm.mask]) if part else tf.identity(v)
                 if self.anchor is not None:
                     a = self.anchor[j]
-                    x = x - (tf.gather(a, rows[m]) if (sparse and m is not None) else a)
-                scale = weight * mine[m] if norm else weight
-                if norm:
-                    scale = tf.reshape(scale, [-1] + [1] * (len(v.shape) - 1))
+                    x = x - (tf.gather(a, rows[rm.mask]) if part else a)
+                scale = along(weight * mine[rm.mask], rm, len(v.shape)) if norm else weight
                 sent.append(tf.cast(x * scale, self.wire))
-            for m in sorted({m for _, _, m, norm in items if norm}):
+            for m in sorted({rm.mask for _, _, rm, norm, _ in items if norm}):
                 shares[m] = len(sent)
                 sent.append(tf.cast(weight * mine[m], self.wire))
             summed = hvd.grouped_allreduce(sent, op=hvd.Sum, name=name)
-            for k, (j, v, m, norm) in enumerate(items):
+            for k, (j, v, rm, norm, part) in enumerate(items):
                 y = tf.cast(summed[k], tf.float32)
-                part = sparse and m is not None
                 if norm:
-                    share = tf.cast(summed[shares[m]], tf.float32)
-                    share = tf.reshape(share, [-1] + [1] * (len(v.shape) - 1))
+                    share = along(tf.cast(summed[shares[rm.mask]], tf.float32), rm, len(v.shape))
                     y = y / tf.maximum(share, 1e-30)
                 if self.anchor is not None:
                     a = self.anchor[j]
-                    y = (tf.gather(a, rows[m]) if part else a) + y
-                if norm and not part:
-                    # Dense merge: rows nobody touched keep their (common) value.
-                    y = tf.where(share > 0, y, v)
+                    y = (tf.gather(a, rows[rm.mask]) if part else a) + y
                 if part:
-                    v.scatter_update(tf.IndexedSlices(y, rows[m]))
+                    v.scatter_update(tf.IndexedSlices(y, rows[rm.mask]))
                     if self.anchor is not None:
-                        self.anchor[j].scatter_update(tf.IndexedSlices(y, rows[m]))
+                        self.anchor[j].scatter_update(tf.IndexedSlices(y, rows[rm.mask]))
                 else:
                     v.assign(y)
                     if self.anchor is not None:
@@ -147,21 +167,23 @@ class Merge:
         touched = self.model.touched.numpy()
         rows: list = [np.zeros(0, np.int64) for _ in touched]  # masks no variable uses stay empty
         mine: list = [np.zeros(0, np.float32) for _ in touched]
-        for m in self.used_masks:
-            if self.cfg.sparse:
-                packed = np.packbits(touched[m])
-                union = np.empty_like(packed)
-                self.comm.Allreduce(packed, union, op=MPI.BOR)
-                rows[m] = np.flatnonzero(np.unpackbits(union, count=touched[m].size)).astype(np.int64)
+        for m in (*self.partial, *self.whole):
+            packed = np.packbits(touched[m])
+            union = np.empty_like(packed)
+            self.comm.Allreduce(packed, union, op=MPI.BOR)
+            anyone = np.unpackbits(union, count=touched[m].size).astype(bool)
+            if m in self.partial:
+                rows[m] = np.flatnonzero(anyone).astype(np.int64)
                 mine[m] = touched[m][rows[m]].astype(np.float32)
             else:
-                mine[m] = touched[m].astype(np.float32)
+                mine[m] = np.where(anyone, touched[m], True).astype(np.float32)
         pieces = self._pieces(rows)
-        split_rows = [np.array_split(r, pieces) for r in rows]
-        split_mine = [np.array_split(x, pieces) for x in mine]
+        split = [np.array_split(r, pieces) for r in rows]
+        split_mine = [np.array_split(x, pieces) if m in self.partial else [x] * pieces
+                      for m, x in enumerate(mine)]
         for k in range(pieces):
             step = self._merge_first if k == 0 else self._merge_rows
-            step(*(tf.constant(r[k]) for r in split_rows), *(tf.constant(x[k]) for x in split_mine),
+            step(*(tf.constant(r[k]) for r in split), *(tf.constant(x[k]) for x in split_mine),
                  tf.constant(weight, tf.float32))
         self.last_pieces = pieces
         self.last_bytes = self._bytes(rows)
@@ -169,15 +191,14 @@ class Merge:
     def _pieces(self, rows: list) -> int:
         """How many allreduces the touched rows travel in: each piece's rows stay under
         merge.chunk_mb on the wire (the same on every rank: the rows are the union)."""
-        if not self.cfg.sparse or self.cfg.chunk_mb <= 0:
+        if not self.partial or self.cfg.chunk_mb <= 0:
             return 1
         total = self._row_values(rows) * self.wire.size
         return max(1, int(np.ceil(total / (self.cfg.chunk_mb * 2**20))))
 
     def _row_values(self, rows: list) -> int:
-        """Values of the masked variables' rows one rank sends (all rows when not sparse)."""
-        return sum((len(rows[m]) if self.cfg.sparse else self.model.touched.sizes[m])
-                   * self.row_values[m] for m in self.used_masks)
+        """Values of the partial masks' rows one rank sends."""
+        return sum(len(rows[m]) * self.row_values[m] for m in self.partial)
 
     def _bytes(self, rows: list) -> int:
         """Bytes one rank puts into the merge's allreduces."""

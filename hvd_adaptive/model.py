@@ -6,6 +6,7 @@ batch's non-zeros and its gradient is a tf.IndexedSlices touching only those row
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -39,10 +40,11 @@ class TouchedRows(tf.Module):
     A contract between three parts, named and owned here: the model's loss marks the rows its
     gradient reaches (`mark`), every window's start clears them (`clear`, in
     Algorithm.run_round, so that calibration and warm-up steps do not count), and the sparse
-    merge reads them (`numpy`) to agree on the union of rows that travel. One boolean mask per
-    kind of row: FEATURES (rows of the input layer) and LABELS (rows of the output layer and
-    its bias under the sampled loss); SparseMLP.row_sparse says which mask indexes which
-    variable.
+    merge reads them (`numpy`) to agree on the union of rows that travel and to normalize rows
+    by the ranks that trained them. One boolean mask per kind of row: FEATURES (rows of the
+    input layer: the batch's features) and LABELS (the output layer's rows and its bias: the
+    candidates under the sampled loss, the batch's positive labels under the full softmax);
+    SparseMLP.row_masks says which mask indexes which variable, and how.
     """
 
     FEATURES, LABELS = 0, 1
@@ -71,6 +73,25 @@ class TouchedRows(tf.Module):
     def numpy(self) -> list[np.ndarray]:
         """The masks as numpy bool arrays, in the order FEATURES, LABELS."""
         return [m.numpy() for m in self.masks]
+
+
+@dataclass(frozen=True)
+class RowMask:
+    """How a variable's rows relate to a mask of TouchedRows (SparseMLP.row_masks).
+
+    mask: TouchedRows.FEATURES or LABELS; axis: the variable's axis the mask indexes (the full
+    softmax keeps its kernel [hidden x labels], so its labels are axis 1). sparse: only the ranks
+    that touched a row changed it, so rows nobody touched are equal on every rank and a merge
+    may leave them out (the input layer; the output layer under the sampled loss). Under the
+    full softmax every step changes every label's row a little (the softmax's negative part),
+    so the mask there marks the labels a rank trained as positives, which carry the large
+    changes: not sparse, but the merge can still normalize those rows by the ranks that had
+    them (adaptive.label_norm).
+    """
+
+    mask: int
+    axis: int = 0
+    sparse: bool = True
 
 
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
@@ -127,12 +148,14 @@ class SparseMLP(tf.Module):
         return [v for pair in zip(self.layers, self.biases) for v in pair]
 
     @property
-    def row_sparse(self) -> list[Optional[int]]:
-        """Per variable of `variables_list`: which mask of `touched` indexes its rows
-        (TouchedRows.FEATURES or LABELS), or None where every step changes it whole."""
-        out = TouchedRows.LABELS if self.sampled else None
-        return [TouchedRows.FEATURES if i == 0 else (out if i >= len(self.variables_list) - 2 else None)
-                for i in range(len(self.variables_list))]
+    def row_masks(self) -> list[Optional[RowMask]]:
+        """Per variable of `variables_list`: the mask of `touched` that indexes its rows, or None
+        for the hidden layers and their biases (every step changes them whole)."""
+        n = len(self.variables_list)
+        out = ([RowMask(TouchedRows.LABELS), RowMask(TouchedRows.LABELS)] if self.sampled else
+               [RowMask(TouchedRows.LABELS, axis=1, sparse=False),
+                RowMask(TouchedRows.LABELS, sparse=False)])
+        return [RowMask(TouchedRows.FEATURES), *[None] * (n - 3), *out]
 
     def hidden(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """The last hidden layer's activations, [rows x hidden]."""
@@ -165,12 +188,15 @@ class SparseMLP(tf.Module):
         """Softmax cross-entropy against the multi-hot target normalized to sum 1, over all
         labels (output: full) or over a sampled candidate set (output: sampled).
 
-        Rows without labels carry no target and are left out of the mean. In training the
-        rows the gradient reaches are marked in `touched`.
+        Rows without labels carry no target and are left out of the mean. In training,
+        `touched` marks the batch's features, and its labels: the candidates (sampled) or the
+        positives (full softmax).
         """
         if training:
             self.touched.mark(TouchedRows.FEATURES, feat_ids)
         if not self.sampled:
+            if training:
+                self.touched.mark(TouchedRows.LABELS, label_ids)
             z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
             return _softmax_xent(z, label_ids, label_seg, label_w, size)
         cand, corr, label_pos = self.candidates(label_ids)

@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from hvd_adaptive.config import ModelConfig, OptimConfig
 from hvd_adaptive.data import Batch
-from hvd_adaptive.model import Optimizer, SparseMLP, TouchedRows, batch_tensors
+from hvd_adaptive.model import Optimizer, RowMask, SparseMLP, TouchedRows, batch_tensors
 
 
 def tiny_batch():
@@ -188,19 +188,31 @@ def test_training_marks_the_rows_it_reaches():
     assert not any(x.any() for x in m.touched.numpy())
 
 
+def test_full_softmax_marks_the_positive_labels():
+    # adaptive.label_norm normalizes exactly these labels' rows at the merge.
+    b = tiny_batch()
+    m = SparseMLP(8, 12, ModelConfig(hidden=[4]))
+    m.loss(*batch_tensors(b), training=True)
+    features, labels = m.touched.numpy()
+    assert np.flatnonzero(features).tolist() == [0, 1, 3, 5]
+    assert np.flatnonzero(labels).tolist() == sorted(set(b.label_ids.tolist()))
+
+
 @pytest.mark.parametrize("output", ["full", "sampled"])
-def test_each_row_sparse_variable_has_a_touched_mask_of_its_rows(output):
-    # The merge gathers a variable's rows by the mask row_sparse names: the mask must be as
-    # long as the variable has rows, and only the input layer (and, sampled, the output layer
-    # and its bias) may have one.
+def test_each_row_masked_variable_has_a_touched_mask_of_its_rows(output):
+    # The merge gathers or normalizes a variable's rows by the mask row_masks names, along its
+    # axis: the mask must be as long as the variable has rows there. Only the input layer and
+    # the output layer with its bias have one; the output's are sparse only when sampled (the
+    # full softmax changes every label's row every step).
     m = SparseMLP(7, 11, ModelConfig(hidden=[4, 3], output=output, negatives=5))
-    kinds = m.row_sparse
-    assert len(kinds) == len(m.variables_list) == 6
-    assert kinds[0] == TouchedRows.FEATURES and kinds[1:4] == [None] * 3
-    assert kinds[4:] == ([TouchedRows.LABELS] * 2 if output == "sampled" else [None, None])
-    for v, kind in zip(m.variables_list, kinds):
-        if kind is not None:
-            assert v.shape[0] == m.touched.sizes[kind] == (7, 11)[kind]
+    masks = m.row_masks
+    assert len(masks) == len(m.variables_list) == 6
+    assert masks[0] == RowMask(TouchedRows.FEATURES) and masks[1:4] == [None] * 3
+    sampled = output == "sampled"
+    assert [(rm.mask, rm.sparse) for rm in masks[4:]] == [(TouchedRows.LABELS, sampled)] * 2
+    for v, rm in zip(m.variables_list, masks):
+        if rm is not None:
+            assert v.shape[rm.axis] == m.touched.sizes[rm.mask] == (7, 11)[rm.mask]
 
 
 def test_more_negatives_than_labels_is_a_clear_error():

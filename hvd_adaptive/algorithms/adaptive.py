@@ -8,7 +8,8 @@ Per merge window of S rows (train.window_samples):
    / all batches of the window.
 3. Normalized model merging: theta = sum_i w_i theta_i / sum_i w_i with w_i = p_i (adaptive
    normalization may tilt them, see balance.merge_weights), row-normalized for the row-sparse
-   layers and moving only touched rows, by one fused Horovod allreduce (hvd_adaptive/merge.py).
+   layers and the full softmax's labels, moving only touched rows, by one fused Horovod
+   allreduce (hvd_adaptive/merge.py).
 4. Optional block momentum on the merged model.
 5. After warm-up, batch sizes move toward equal update counts per window (additive or
    proportional policy) and each rank's learning rate scales with its batch size.
@@ -42,9 +43,11 @@ class Adaptive(Algorithm):
         self.prev_norm = None
         # Optimizer state under averaging: each rank's own (local), or merged with the model.
         slots = self.opt.slots if a.opt_state != "local" else None
-        # Normalized model merging, row-normalized for the row-sparse layers (adaptive.row_norm),
+        # Normalized model merging, row-normalized for the row-sparse layers (adaptive.row_norm)
+        # and the full softmax's labels (adaptive.label_norm),
         # moving only touched rows (merge.sparse): hvd_adaptive/merge.py.
-        self.merge = Merge(self.model, slots, self.cfg.merge, a.row_norm, self.cluster.comm)
+        self.merge = Merge(self.model, slots, self.cfg.merge, a.row_norm, self.cluster.comm,
+                           label_norm=a.label_norm)
         # Dynamic scheduling needs MPI one-sided windows; where MPI cannot host them (across
         # nodes under OpenMPI's default osc) every rank takes the static scheduler instead.
         self.counter = shared_counter(self.cluster.comm) if a.scheduler == "rma" else None

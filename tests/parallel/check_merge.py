@@ -10,8 +10,9 @@ the merge in numpy and asserts:
 - merge weights = the rule (balance.merge_weights) applied to the allgathered batch counts,
   including the adaptive normalization tilt once the L2-norm trend switches it on;
 - the merged model = sum_i w_i theta_i (plain), with the row-normalized rule for the row-sparse
-  layers (row_norm: the input layer, and the output layer under the sampled loss; optimizer
-  slots merged plainly), or block momentum (momentum);
+  layers (row_norm: the input layer, and the output layer under the sampled loss; label_norm:
+  the full softmax's output layer and bias by the labels each rank trained as positives;
+  optimizer slots merged plainly), or block momentum (momentum);
 - the sparse merge (the default), the dense one (dense_*) and one in several pieces (chunked)
   all give that result; with 3 ranks the windows have rows touched by one rank, by several
   and by none;
@@ -26,7 +27,8 @@ from hvd_adaptive import balance
 from hvd_adaptive.config import load_config
 from cases import each_case
 
-PAPER = ["adaptive.row_norm=false", "adaptive.opt_state=local"]  # plain weighted average
+PAPER = ["adaptive.row_norm=false", "adaptive.label_norm=false",  # plain weighted average
+         "adaptive.opt_state=local"]
 NORM = ["adaptive.row_norm=true", "adaptive.opt_state=average"]
 SAMPLED = ["model.output=sampled", "model.negatives=8", "data.synth.n_labels=400"]
 MODES = {
@@ -55,8 +57,13 @@ def check(mode: str, c) -> None:
     train, _ = load_data(cfg, c)
     algo = build(cfg, c, train)
     model = algo.model
-    items = algo.merge.items  # (variable, touched mask or None, row-normalized?)
+    items = algo.merge.items  # (variable, model.RowMask or None, row-normalized?)
     tracked = [v for v, _, _ in items]
+    # Which tracked variables the config asks to row-normalize (the model's variables come
+    # first in items, then the optimizer slots, which are merged plainly).
+    a = cfg.adaptive
+    expect_norm = [j < len(model.variables_list) and rm is not None
+                   and (a.row_norm if rm.sparse else a.label_norm) for j, (_, rm, _) in enumerate(items)]
     seen = {}
 
     class Spy:
@@ -105,17 +112,23 @@ def check(mode: str, c) -> None:
         before = seen["before"]
         want = [sum(w[i] * before[i][j].astype(np.float64) for i in range(c.size))
                 for j in range(len(tracked))]
-        for j, (v, m, norm) in enumerate(items):
-            if not norm:
+        for j, (v, rm, _) in enumerate(items):
+            if not expect_norm[j]:
                 continue
-            hits = sum(seen["touched"][i][m].astype(int) for i in range(c.size))
-            share = sum(w[i] * seen["touched"][i][m] for i in range(c.size))
+            # The row-normalized rule along the mask's axis (the full softmax's labels are the
+            # kernel's columns): rows some rank touched take the touching ranks' weighted
+            # average; rows nobody touched keep the plain one.
+            touched = [seen["touched"][i][rm.mask] for i in range(c.size)]
+            hits = sum(t.astype(int) for t in touched)
+            share = sum(w[i] * touched[i] for i in range(c.size))
             rows = share > 0
             assert rows.any() and not rows.all(), f"variable {j}: some rows must go untouched"
             kinds.update(np.unique(hits).tolist())
-            num = sum(w[i] * seen["touched"][i][m][:, None].reshape((-1,) + (1,) * (want[j].ndim - 1))
-                      * before[i][j].astype(np.float64) for i in range(c.size))
-            want[j][rows] = num[rows] / share[rows].reshape((-1,) + (1,) * (want[j].ndim - 1))
+            by_row = [np.moveaxis(before[i][j].astype(np.float64), rm.axis, 0) for i in range(c.size)]
+            num = sum(w[i] * touched[i].reshape((-1,) + (1,) * (want[j].ndim - 1)) * by_row[i]
+                      for i in range(c.size))
+            got = np.moveaxis(want[j], rm.axis, 0)  # a view: writes land in want[j]
+            got[rows] = num[rows] / share[rows].reshape((-1,) + (1,) * (want[j].ndim - 1))
         if mode == "momentum":
             for j in range(len(model.variables_list)):
                 velocity[j] = 0.5 * velocity[j] + (want[j] - anchor[j])
@@ -137,7 +150,7 @@ def check(mode: str, c) -> None:
         windows += 1
     if c.is_root:
         assert windows >= 4 and (mode != "plain" or boosted > 0), (windows, boosted)
-        if any(norm for _, _, norm in items):  # rows touched by none, one, several ranks
+        if any(expect_norm):  # rows touched by none, one, several ranks
             assert kinds >= set(range(c.size + 1)) - ({2} if c.size == 2 else set()), kinds
         print(f"merge ok ({mode}): {windows} windows checked, {boosted} with the tilt", flush=True)
 
