@@ -202,18 +202,22 @@ class SyncConfig:
 @dataclass(frozen=True)
 class AutoConfig:
     """The recommended mode (train.algorithm: auto, hvd_adaptive/algorithms/auto.py): every
-    window either aggregates gradients (sync with the proportional split and the sharded
-    update) or trains adaptive SGD's window and merges, whichever measured more goodput."""
+    window either aggregates gradients (sync with the proportional split) or trains adaptive
+    SGD's window and merges, whichever measured more goodput."""
 
-    averaging_cost: float = 1.15
+    averaging_cost: float = 1.0
     """Rows model averaging needs per row of gradient aggregation to reach the same accuracy
     (its statistical cost): a window merges only when adaptive SGD's measured rows/s beat
-    sync's by more than this factor. 1.15: adaptive SGD needed 13-23% more rows than sync at
-    67,009 labels (docs/benchmark.md)."""
+    sync's by more than this factor. 1.0: with adaptive.label_norm adaptive SGD reached the
+    target in as many rows as sync at 67,009 labels, and at 13,402 (docs/benchmark.md); it
+    was 1.15 before, when averaging cost 13-23% more rows there."""
     probe_every: int = 6
     """Windows between probes of the mode not chosen, whose rows/s may have changed."""
-    shard_update: bool = True
-    """Gradient windows shard the output layer's optimizer update (sync.shard_update)."""
+    shard_update: bool = False
+    """Gradient windows shard the output layer's optimizer update (sync.shard_update). Off:
+    with Horovod's 5 ms cycle it took 1.02x sync_prop's time with equal ranks and 0.99x with
+    rank 1 slowed 2x at 67,009 labels (one run each), and a switch of mode gathers or
+    re-shards the optimizer state."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "probe_every")

@@ -27,7 +27,8 @@ def check(name: str, c) -> None:
         f"train.algorithm={name}", "train.epochs=1", "train.window_samples=1024",
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
         "hogbatch.round_epochs=0.25",
-        *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5"] if name == "auto" else [])])
+        *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5",
+           "auto.shard_update=true"] if name == "auto" else [])])
     import tensorflow as tf
     from hvd_adaptive.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
