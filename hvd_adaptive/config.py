@@ -251,7 +251,12 @@ class AdaptiveConfig:
     norm_factor: float = 0.1
     """Adaptive normalization: weights x (1 +/- factor) for the largest/smallest share."""
     merge_momentum: float = 0.0
-    """Block momentum mu at the merge: v <- mu v + (merged - prev); 0 turns it off."""
+    """Block momentum mu at the merge (an outer optimizer, SlowMo's):
+    v <- mu v + (merged - prev), theta <- prev + merge_lr v; 0 turns it off."""
+    merge_lr: float = 1.0
+    """The outer learning rate of block momentum. A steady merged change d grows to
+    d / (1 - mu) under momentum, so merge_lr = 1 - mu keeps the step size of plain merging and
+    momentum only smooths; 1.0 with mu 0.5 doubled every step (docs/benchmark.md)."""
     scheduler: Literal["rma", "static"] = "rma"
     """rma: dynamic scheduling through an MPI one-sided shared counter on rank 0.
     static: fallback without one-sided MPI; each window is split in proportion to the ranks'
@@ -285,6 +290,8 @@ class AdaptiveConfig:
             raise ConfigError(f"{path}.b_min: {self.b_min} is larger than b_max {self.b_max}")
         if not 0.0 <= self.smoothing < 1.0:
             raise ConfigError(f"{path}.smoothing: must be in [0, 1), got {self.smoothing}")
+        if not 0.0 < self.merge_lr <= 1.0:
+            raise ConfigError(f"{path}.merge_lr: must be in (0, 1], got {self.merge_lr}")
         if not 0.0 <= self.merge_momentum < 1.0:
             raise ConfigError(f"{path}.merge_momentum: must be in [0, 1), got {self.merge_momentum}")
         if self.warmup_epochs < 0 or self.lr_decay < 0 or not 0 <= self.norm_factor < 1:

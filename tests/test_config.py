@@ -45,6 +45,7 @@ def test_file_then_overrides_win(tmp_path):
     ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
     ("data:\n  train: a.txt\n", "data: train and test must both be"),
     ("merge:\n  chunk_mb: -1\n", "merge.chunk_mb: must be >= 0"),
+    ("adaptive:\n  merge_lr: 0\n", "adaptive.merge_lr: must be in (0, 1]"),
     ("- 1\n- 2\n", "top level must be a mapping"),
     ("train: [\n", "not valid YAML"),
 ])

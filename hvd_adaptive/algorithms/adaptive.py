@@ -123,10 +123,10 @@ class Adaptive(Algorithm):
         return stats
 
     def _block_momentum(self) -> None:
-        mu = self.adaptive_cfg.merge_momentum
+        mu, lr = self.adaptive_cfg.merge_momentum, self.adaptive_cfg.merge_lr
         for x, v, vel in zip(self.anchor, self.variables, self.velocity):
             vel.assign(mu * vel + (v - x))
-            x.assign_add(vel)
+            x.assign_add(lr * vel)
             v.assign(x)
 
     def _rescale(self, epoch: float) -> None:

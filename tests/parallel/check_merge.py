@@ -12,7 +12,7 @@ the merge in numpy and asserts:
 - the merged model = sum_i w_i theta_i (plain), with the row-normalized rule for the row-sparse
   layers (row_norm: the input layer, and the output layer under the sampled loss; label_norm:
   the full softmax's output layer and bias by the labels each rank trained as positives;
-  optimizer slots merged plainly), or block momentum (momentum);
+  optimizer slots merged plainly), or block momentum with its outer learning rate (momentum);
 - the sparse merge (the default), the dense one (dense_*) and one in several pieces (chunked)
   all give that result; with 3 ranks the windows have rows touched by one rank, by several
   and by none;
@@ -35,7 +35,7 @@ MODES = {
     "plain": [*PAPER, "adaptive.norm_mode=grow"],
     "row_norm": NORM,
     "dense_row_norm": [*NORM, "merge.sparse=false"],
-    "momentum": [*PAPER, "adaptive.merge_momentum=0.5"],
+    "momentum": [*PAPER, "adaptive.merge_momentum=0.5", "adaptive.merge_lr=0.5"],
     "sampled": [*NORM, *SAMPLED],
     "dense_sampled": [*NORM, *SAMPLED, "merge.sparse=false"],
     "float16": [*NORM, *SAMPLED, "merge.dtype=float16"],
@@ -132,7 +132,7 @@ def check(mode: str, c) -> None:
         if mode == "momentum":
             for j in range(len(model.variables_list)):
                 velocity[j] = 0.5 * velocity[j] + (want[j] - anchor[j])
-                want[j] = anchor[j] + velocity[j]
+                want[j] = anchor[j] + 0.5 * velocity[j]
         for j, (a, b) in enumerate(zip(after, want)):
             if mode == "float16":
                 # Each rank's change since the anchor is rounded to 16 bits (relative 2^-11),
