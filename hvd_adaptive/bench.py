@@ -3,7 +3,7 @@
 Usage:
   bash launch/bench.sh [quick|full]      # the curve of docs/benchmark.md (3 repeats)
   python -m hvd_adaptive.bench --config configs/bench_quick.yaml --repeats 3 \
-      --algorithms sync sync_prop adaptive auto --scenarios even slowed quota vary \
+      --algorithms sync sync_prop adaptive --scenarios even slowed quota vary \
       --slowdown 2 1.25 1.5 4 --quota-slowdown 2 --out runs/bench-quick
   python -m hvd_adaptive.bench ... --variant "adaptive_w1024=train.algorithm=adaptive,train.window_samples=1024"
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quota-slowdown", type=float, nargs="+", default=None,
                     help="factors of the quota scenarios (default: --slowdown's)")
     ap.add_argument("--algorithms", nargs="*",
-                    default=["sync", "sync_prop", "adaptive", "auto"],
+                    default=["sync", "sync_prop", "adaptive"],
                     choices=sorted(CONTENDERS))
     ap.add_argument("--variant", action="append", default=[],
                     help="an extra contender: NAME=section.key=value[,section.key=value]")

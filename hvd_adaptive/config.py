@@ -201,7 +201,7 @@ class SyncConfig:
 
 @dataclass(frozen=True)
 class AutoConfig:
-    """The recommended mode (train.algorithm: auto, hvd_adaptive/algorithms/auto.py): every
+    """The hybrid mode (train.algorithm: auto, hvd_adaptive/algorithms/auto.py): every
     window either aggregates gradients (sync with the proportional split) or trains adaptive
     SGD's window and merges, whichever measured more goodput."""
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The fair side-by-side benchmark of docs/benchmark.md: sync, sync with the re-measured
-# proportional partition (sync_prop), adaptive SGD and auto (the recommended mode) on the same
+# proportional partition (sync_prop) and adaptive SGD (the recommended mode) on the same
 # data, seed and heterogeneity. Prints each part's table (medians of REPEATS, ratios against sync
 # and against the limit) and writes $OUT-<part>/bench.txt.
 #   bash launch/bench.sh                 # the curve: both parts below

@@ -1,11 +1,14 @@
-"""auto, the recommended mode: each window, the kind of training that measured more goodput.
+"""auto, the hybrid mode: each window, the kind of training that measured more goodput.
+
+Not the recommended mode: adaptive SGD with adaptive.label_norm reached every benchmark target
+sooner than auto (docs/benchmark.md), and auto needed more rows than either of its two modes.
 
 Two ways to train a window of S rows, both already in the harness and sharing one model and
 one optimizer:
 
 - gradient aggregation (`grad`): sync with the speed-balanced split (sync.partition
-  proportional, started from the standalone rates and re-measured every window) and the sharded
-  output-layer update (auto.shard_update). It needs sync's rows to reach an accuracy; its speed
+  proportional, started from the standalone rates and re-measured every window), optionally
+  with the sharded output-layer update (auto.shard_update). It needs sync's rows to reach an accuracy; its speed
   is capped by the per-step allreduce and by what the split cannot balance.
 - model averaging (`avg`): adaptive SGD's window (dynamic scheduling, per-rank batch sizes,
   the normalized merge). No rank waits, and one merge replaces a window of allreduces, but the

@@ -21,7 +21,7 @@ rank then does 1/n of the largest per-step cost instead of all of it, for the sa
 (a reduce-scatter and an allgather are an allreduce's two halves); a slow rank's update shrinks
 with it, and the proportional split gives the time saved back as rows.
 
-`auto` (the recommended mode, algorithms/auto.py) aggregates gradients with both.
+`auto` (the hybrid mode, algorithms/auto.py) can aggregate gradients with both.
 """
 from __future__ import annotations
 
