@@ -59,6 +59,12 @@ def test_scenarios_per_factor_and_schedule():
 def test_every_algorithm_is_a_contender():
     assert all(CONTENDERS[name] == [f"train.algorithm={name}"] for name in ALGORITHMS)
     assert {"sync_prop", "adaptive_paper"} <= set(CONTENDERS)
+    from hvd_adaptive.config import load_config
+    for name, sets in CONTENDERS.items():  # every contender's overrides are valid keys
+        load_config(None, sets)
+    # The published algorithm: none of the project's additions to the merge or the rate.
+    a = load_config(None, CONTENDERS["adaptive_paper"])[0].adaptive
+    assert (a.opt_state, a.row_norm, a.label_norm, a.lr_scaling) == ("local", False, False, "linear")
 
 
 def test_scaling_profiles_points_and_table(tmp_path):

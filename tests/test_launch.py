@@ -22,6 +22,7 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"], summary
     used = json.loads((run / "config.json").read_text())
     assert used["data"]["synth"]["preset"] == "amazon670k" and used["train"]["epochs"] == 0.5
+    assert used["train"]["algorithm"] == "adaptive"  # the recommended mode is the default's
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["event"] == "eval"]
     assert evals and abs(evals[-1]["epoch"] - 0.5) < 0.01
