@@ -209,8 +209,8 @@ class AutoConfig:
     """Rows model averaging needs per row of gradient aggregation to reach the same accuracy
     (its statistical cost): a window merges only when adaptive SGD's measured rows/s beat
     sync's by more than this factor. 1.0: with adaptive.label_norm adaptive SGD reached the
-    target in as many rows as sync at 67,009 labels, and at 13,402 (docs/benchmark.md); it
-    was 1.15 before, when averaging cost 13-23% more rows there."""
+    target in no more rows than sync (0.87-1.00x sync's, medians of 3 at 67,009 and 13,402
+    labels, docs/benchmark.md); it was 1.15 before, when averaging cost 13-23% more rows."""
     probe_every: int = 6
     """Windows between probes of the mode not chosen, whose rows/s may have changed."""
     shard_update: bool = False

@@ -8,8 +8,9 @@ one optimizer:
 
 - gradient aggregation (`grad`): sync with the speed-balanced split (sync.partition
   proportional, started from the standalone rates and re-measured every window), optionally
-  with the sharded output-layer update (auto.shard_update). It needs sync's rows to reach an accuracy; its speed
-  is capped by the per-step allreduce and by what the split cannot balance.
+  with the sharded output-layer update (auto.shard_update). It needs sync's rows to reach an
+  accuracy; its speed is capped by the per-step allreduce and by what the split cannot
+  balance.
 - model averaging (`avg`): adaptive SGD's window (dynamic scheduling, per-rank batch sizes,
   the normalized merge). No rank waits, and one merge replaces a window of allreduces, but the
   replicas drift apart: it needs more rows (auto.averaging_cost times sync's).
