@@ -33,6 +33,9 @@ median over all the scenario's runs (every contender, every repeat), so no conte
 by its own lucky or unlucky measurement; their spread is printed. In `vary` the slowed phase's
 rate of the last rank is its full-speed rate over the factor (sleep mode divides exactly).
 Cluster efficiency is a run's rows/s over that sum.
+
+The contenders' run folders keep their config, metrics and summary but no model
+(`checkpoint.keep=0`).
 """
 from __future__ import annotations
 
@@ -63,12 +66,18 @@ SCENARIOS = ("even", "slowed", "quota", "vary")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
 
+def train_args(config: str, sets: list[str], run_dir: Path) -> list[str]:
+    """A contender's `python ARGS`: no checkpoints (the runs are read for their metrics only;
+    a full benchmark at 67,009 labels would keep about 10 GB of models), then `sets`."""
+    args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
+    for s in ["checkpoint.keep=0", *sets]:
+        args += ["--set", s]
+    return args
+
+
 def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
     """Trains one contender; returns its summary and eval records."""
-    args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
-    for s in sets:
-        args += ["--set", s]
-    cmd, env = mpirun_command(ranks, args)
+    cmd, env = mpirun_command(ranks, train_args(config, sets, run_dir))
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")

@@ -443,13 +443,23 @@ class CheckpointConfig:
     every: Optional[int] = None
     """Rounds (merge windows) between checkpoints; None: only one at the end of training."""
     keep: int = 3
-    """How many of the newest complete checkpoints to keep."""
+    """How many of the newest complete checkpoints to keep. 0: write none, not even the final
+    one, for runs that only need their metrics (the benchmark's: a 67,009-label model is about
+    180 MB a run); such a run leaves nothing to predict with, export or resume."""
     resume: Literal["never", "auto"] = "never"
     """auto: continue from the newest complete checkpoint in the run folder, if there is one
     (`hvd-adaptive train --resume`). never: start over; old checkpoints there are deleted."""
 
     def validate(self, path: str) -> None:
-        _positive(self, path, "every", "keep")
+        _positive(self, path, "every")
+        if self.keep < 0:
+            raise ConfigError(f"{path}.keep: must be >= 0, got {self.keep}")
+        if self.keep == 0 and self.every is not None:
+            raise ConfigError(f"{path}.every: {self.every} with {path}.keep 0, which writes no "
+                              "checkpoint; drop one of them")
+        if self.keep == 0 and self.resume == "auto":
+            raise ConfigError(f"{path}.resume: auto (--resume) with {path}.keep 0, which writes "
+                              "no checkpoint to resume from; drop one of them")
 
 
 @dataclass(frozen=True)

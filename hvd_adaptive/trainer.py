@@ -173,7 +173,8 @@ class Trainer:
                 break
         if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
             self.evaluate(pos.last_progress)
-        if self.ckpt.last_saved != pos.rounds:  # the final state, so a longer run can continue from it
+        # The final state, so a longer run can continue from it (none with checkpoint.keep 0).
+        if self.ckpt.cfg.keep and self.ckpt.last_saved != pos.rounds:
             self.save()
 
     def account(self, stats: RoundStats, seconds: float) -> tuple[list[RoundStats], float]:

@@ -1,10 +1,12 @@
 """The benchmark's table: medians over repeats, time to target interpolated as the report does,
 missing values as "-", the limit from the scenario's standalone rates; and its contenders come
-from the one registry of algorithms."""
+from the one registry of algorithms and write no model."""
+from pathlib import Path
+
 import pytest
 
 from hvd_adaptive.algorithms import ALGORITHMS
-from hvd_adaptive.bench import CONTENDERS, limits, scenario_list, scenario_sets, table
+from hvd_adaptive.bench import CONTENDERS, limits, scenario_list, scenario_sets, table, train_args
 
 
 def run(p1s, compute_s, rates=(60.0, 40.0)):
@@ -62,6 +64,18 @@ def test_every_algorithm_is_a_contender():
     from hvd_adaptive.config import load_config
     for name, sets in CONTENDERS.items():  # every contender's overrides are valid keys
         load_config(None, sets)
+
+
+def test_contenders_write_no_model_unless_the_user_sets_it():
+    from hvd_adaptive.config import load_config
+
+    def used(sets):
+        args = train_args("configs/bench_quick.yaml", sets, Path("runs/x"))
+        return load_config(args[args.index("--config") + 1],
+                           [args[i + 1] for i, a in enumerate(args) if a == "--set"])[0]
+    assert used(CONTENDERS["adaptive"]).checkpoint.keep == 0
+    assert used(CONTENDERS["adaptive"]).train.algorithm == "adaptive"
+    assert used(["checkpoint.keep=2"]).checkpoint.keep == 2  # a --set of the user's wins
     # The published algorithm: none of the project's additions to the merge or the rate.
     a = load_config(None, CONTENDERS["adaptive_paper"])[0].adaptive
     assert (a.opt_state, a.row_norm, a.label_norm, a.lr_scaling) == ("local", False, False, "linear")

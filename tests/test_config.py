@@ -46,6 +46,9 @@ def test_file_then_overrides_win(tmp_path):
     ("data:\n  train: a.txt\n", "data: train and test must both be"),
     ("merge:\n  chunk_mb: -1\n", "merge.chunk_mb: must be >= 0"),
     ("adaptive:\n  merge_lr: 0\n", "adaptive.merge_lr: must be in (0, 1]"),
+    ("checkpoint:\n  keep: -1\n", "checkpoint.keep: must be >= 0"),
+    ("checkpoint:\n  keep: 0\n  every: 4\n", "checkpoint.every: 4 with checkpoint.keep 0"),
+    ("checkpoint:\n  keep: 0\n  resume: auto\n", "checkpoint.resume: auto (--resume) with checkpoint.keep 0"),
     ("- 1\n- 2\n", "top level must be a mapping"),
     ("train: [\n", "not valid YAML"),
 ])

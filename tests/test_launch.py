@@ -14,7 +14,7 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     run = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("CONFIG", "NP")}  # train.sh's defaults
     cut = ["--set", "train.epochs=0.5", "--set", "train.eval_every=0.5", "--set", "train.eval_rows=500",
-           "--set", "train.calibrate_s=0.2"]
+           "--set", "train.calibrate_s=0.2", "--set", "checkpoint.keep=0"]
     p = run_job(["bash", "launch/train.sh", "--run-dir", str(run), *cut], 240, env)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     summary = json.loads((run / "summary.json").read_text())
@@ -26,6 +26,8 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line)["event"] == "eval"]
     assert evals and abs(evals[-1]["epoch"] - 0.5) < 0.01
+    # checkpoint.keep 0 (the benchmark's runs): not even the final checkpoint is written.
+    assert not list(run.glob("checkpoints/ckpt-*")), list(run.glob("checkpoints/*"))
     # horovodrun makes mpirun tag every chunk of output; train.sh drops rank 0's tag at the
     # start of a line, so its progress lines read as written, and a line split into chunks
     # would still show a tag in its middle.
