@@ -265,36 +265,32 @@ def node_cluster(nodes):
 
 
 @pytest.mark.slurm
-# The profile runs adaptive, which learns faster per row than sync on 4 ranks (sync: P@1 0.38
-# after 4 epochs here, adaptive 0.55).
-@pytest.mark.parametrize("per_node, algorithm", [(1, "sync"), (2, "adaptive")])
-def test_train_sbatch_on_two_nodes(nodes, node_cluster, per_node, algorithm):
-    run_dir = node_cluster.workdir / "runs" / f"{algorithm}-{per_node}"
-    # 2 x 2 ranks under a cluster profile: each rank's quota in its own cgroup on its own node.
+def test_train_sbatch_on_two_nodes(nodes, node_cluster):
+    """`sbatch --nodes=2 --ntasks-per-node=2 slurm/train.sbatch` under a cluster profile: each
+    rank's quota in its own cgroup on its own node. Adaptive (the default), which learns faster
+    per row than sync on 4 ranks (P@1 0.55 from 0.25 after 4 epochs here; sync 0.38); windows
+    of 512 rows merge across nodes at about 1,300 rows/s under these quotas. Sync across nodes
+    is trained by test_sync_and_adaptive_train_across_nodes."""
+    run_dir = node_cluster.workdir / "runs" / "adaptive-2x2"
     cores = [0.5, 0.5, 0.25, 0.25]
-    # Four epochs: windows of 512 rows merge across nodes at about 1,300 rows/s under these
-    # quotas (P@1 0.55 from 0.25 after 4 epochs here, 0.74 after 10).
-    profile = ["--set", f"hetero.cores={cores}", "--set", "hetero.mode=cpu_quota",
-               "--set", "train.threads=1", "--set", "train.epochs=4"] if per_node == 2 else []
-    out = node_cluster.workdir / "jobs" / f"{algorithm}-{per_node}.out"
+    out = node_cluster.workdir / "jobs" / "adaptive-2x2.out"
     venv = os.environ.get("HVD_ADAPTIVE_VENV")
     result = node_cluster.sbatch_wait(
         [*([f"--export=ALL,HVD_ADAPTIVE_VENV={venv}"] if venv else []),
-         "--nodes=2", f"--ntasks-per-node={per_node}", f"--output={out}", "slurm/train.sbatch",
-         "--config", "configs/tiny.yaml", "--run-dir", str(run_dir),
-         "--set", f"train.algorithm={algorithm}", *profile], timeout=300, cwd=REPO)
+         "--nodes=2", "--ntasks-per-node=2", f"--output={out}", "slurm/train.sbatch",
+         "--config", "configs/tiny.yaml", "--run-dir", str(run_dir), "--set", "train.algorithm=adaptive",
+         "--set", f"hetero.cores={cores}", "--set", "hetero.mode=cpu_quota", "--set", "train.threads=1",
+         "--set", "train.epochs=4"], timeout=300, cwd=REPO)
     text = out.read_text(errors="replace") if out.exists() else "(no job output)"
     explain = f"exit {result.returncode}: {result.stderr}\n{text[-3000:]}\n" + node_cluster.slurmd_log()[-2000:]
     assert result.returncode == 0, explain
-    prefix = nodes.tag
-    assert f"{2 * per_node} ranks on {prefix}-[0-1]" in text, explain
+    assert f"4 ranks on {nodes.tag}-[0-1]" in text, explain
     assert "OMPI_MCA_osc=ucx" in text and "warning: MPI one-sided" not in text, explain
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["ranks"] == 2 * per_node
+    assert summary["ranks"] == 4
     assert summary["final"]["p_at_1"] > summary["baseline_p_at_1"] + 0.15, summary
-    if profile:
-        assert [r["quota_cores"] for r in summary["per_rank"]] == cores, summary["per_rank"]
-        assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), "cgroups left behind"
+    assert [r["quota_cores"] for r in summary["per_rank"]] == cores, summary["per_rank"]
+    assert not list(Path("/sys/fs/cgroup/cpu").glob("hvd_adaptive-rank*")), "cgroups left behind"
     fp = np.array(summary["replica_fingerprints"])
     for other in fp[1:]:
         np.testing.assert_allclose(other, fp[0], rtol=1e-6)

@@ -37,13 +37,28 @@ def interrupted(run, n, sets, fail_at) -> None:
     assert not (run / "summary.json").exists()
 
 
+CUT = ("train.algorithm=adaptive", *BASE, "checkpoint.every=4")
+
+
+@pytest.fixture(scope="module")
+def adaptive_cut(tmp_path_factory):
+    """One adaptive run on 2 ranks that failed in round 9 (checkpoint ckpt-8 is its newest);
+    each test resumes a copy of it (adaptive's own resume test too)."""
+    run = tmp_path_factory.mktemp("cut") / "run"
+    interrupted(run, 2, CUT, fail_at=9)
+    return run
+
+
 @pytest.mark.parametrize("name", list(ALGOS))
-def test_every_algorithm_resumes_where_it_stopped_and_learns(tmp_path, name):
+def test_every_algorithm_resumes_where_it_stopped_and_learns(tmp_path, request, name):
     rounds = ALGOS[name]
     cut = rounds // 2  # the newest checkpoint when rank 1 fails in the round after it
     sets = (f"train.algorithm={name}", *BASE, f"checkpoint.every={rounds // 4}", *FIXED.get(name, ()))
     run = tmp_path / "run"
-    interrupted(run, 2, sets, fail_at=cut + 1)
+    if sets == CUT:  # adaptive: the module's interrupted run is this one
+        shutil.copytree(request.getfixturevalue("adaptive_cut"), run)
+    else:
+        interrupted(run, 2, sets, fail_at=cut + 1)
     s = train(2, run, *sets, "checkpoint.resume=auto")
     rounds_log = records(run, "round")
     assert [r["round"] for r in rounds_log] == list(range(rounds))
@@ -65,18 +80,6 @@ def test_every_algorithm_resumes_where_it_stopped_and_learns(tmp_path, name):
             want.append(mode)
         got = [r["ranks"][0]["mode"] for r in rounds_log]
         assert got == want and "avg" in got[cut:], (got, want)
-
-
-CUT = ("train.algorithm=adaptive", *BASE, "checkpoint.every=4")
-
-
-@pytest.fixture(scope="module")
-def adaptive_cut(tmp_path_factory):
-    """One adaptive run on 2 ranks that failed in round 9 (checkpoint ckpt-8 is its newest);
-    each test resumes a copy of it."""
-    run = tmp_path_factory.mktemp("cut") / "run"
-    interrupted(run, 2, CUT, fail_at=9)
-    return run
 
 
 def test_adaptive_resumes_on_another_rank_count(tmp_path, adaptive_cut):
