@@ -6,7 +6,7 @@ import pytest
 
 from hvd_adaptive import balance
 from hvd_adaptive.algorithms.base import chunks
-from mpirun import explain, mpirun, records, train
+from mpirun import explain, mpirun, records, train_many
 
 
 @pytest.mark.parametrize("total, size", [(10, 4), (9, 4), (8, 4), (3, 4), (0, 4), (1617, 512), (1, 1)])
@@ -34,19 +34,57 @@ def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(s
     assert f"scheduling ok ({name})" in p.stdout and p.returncode == 0, explain(p)
 
 
-def _balance_run(run, policy, *extra):
+def _balance_sets(policy, *extra):
     # Steps must be long enough (tens of ms) for the injected slowdown to dominate the fixed
     # per-step costs, hence more labels and a larger batch than the tiny config.
-    train(2, run, "train.algorithm=adaptive", "hetero.slowdown={1: 2.0}", f"adaptive.policy={policy}",
-          "data.synth.n_train=16000", "data.synth.n_labels=4000", "model.hidden=[128]",
-          "train.epochs=4", "train.window_samples=4096", "train.batch_size=256",
-          "adaptive.b_min=32", "adaptive.step=32", "train.eval_every=4", "optim.lr=0.5", *extra)
+    return ("train.algorithm=adaptive", "hetero.slowdown={1: 2.0}", f"adaptive.policy={policy}",
+            "data.synth.n_train=16000", "data.synth.n_labels=4000", "model.hidden=[128]",
+            "train.epochs=4", "train.window_samples=4096", "train.batch_size=256",
+            "adaptive.b_min=32", "adaptive.step=32", "train.eval_every=4", "optim.lr=0.5", *extra)
+
+
+# One adaptive run for the learning-rate, merge-weight and normalization rules (issue 20): a
+# warm-up epoch of three, then batch sizes that differ (rank 1 slowed), learning rates scaled
+# by them and decaying, merge weights from the rows each rank took, tilted while the weights'
+# L2 norm shrinks between evaluations (one after every window). Without weight decay the norm
+# only grew here; with 0.003 it fell during warm-up and at times later, and grew otherwise.
+RULES = ("train.algorithm=adaptive", "hetero.slowdown={1: 3.0}", "train.epochs=3",
+         "train.eval_every=0.25", "adaptive.warmup_epochs=1", "adaptive.lr_decay=0.5",
+         "adaptive.lr_scaling=linear", "adaptive.weights=rows", "adaptive.norm_mode=shrink",
+         "optim.weight_decay=0.003")
+
+# Fixed per-step costs (a third of a 256-row step here) put the balance point near batch 64 for
+# the slow rank. Windows of 8,192 rows hold ~25 batches a rank, so one batch more or less is 4%;
+# 6 epochs of 2 full windows leave time to settle.
+PROPORTIONAL = ("train.epochs=6", "train.window_samples=8192", "data.synth.n_train=16384",
+                "adaptive.smoothing=0.25")
+RUNS = {
+    "proportional": _balance_sets("proportional", *PROPORTIONAL),
+    "additive": _balance_sets("additive"),
+    # Without one-sided MPI the window is split by the speeds measured in earlier windows:
+    # with rank 1 slowed 2x (batch sizes pinned) the fast rank must take clearly more rows.
+    "static": ("train.algorithm=adaptive", "adaptive.scheduler=static", "hetero.slowdown={1: 2.0}",
+               "data.synth.n_labels=3000", "train.batch_size=128", "adaptive.b_min=128",
+               "train.window_samples=1024", "train.epochs=2", "train.eval_every=2"),
+    "rules": RULES,
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The module's adaptive runs, one after another in one 2-rank job: {name: run folder}."""
+    root = tmp_path_factory.mktemp("adaptive_runs")
+    train_many(2, {name: (root / name, sets) for name, sets in RUNS.items()})
+    return {name: root / name for name in RUNS}
+
+
+def _balance(run, sets):
+    """A balance run's batch counts per full window and rank, and its batch sizes per window."""
     rounds = records(run, "round")
     for rec in rounds:  # merge weights are the shares of the window's batches (norm_mode off)
         counts = np.array([r["batches"] for r in rec["ranks"]], float)
         assert [r["weight"] for r in rec["ranks"]] == pytest.approx(counts / counts.sum(), abs=1e-5)
-    window = next(int(x.split("=")[1]) for x in ("train.window_samples=4096", *extra)[::-1]
-                  if x.startswith("train.window_samples="))
+    window = next(int(x.split("=")[1]) for x in sets[::-1] if x.startswith("train.window_samples="))
     full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == window]
     counts = np.array([[r["batches"] for r in rec["ranks"]] for rec in full], float)
     sizes = [[r["batch_size"] for r in rec["ranks"]] for rec in rounds]
@@ -54,13 +92,8 @@ def _balance_run(run, policy, *extra):
 
 
 @pytest.mark.mpi
-def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
-    # Fixed per-step costs (a third of a 256-row step here) put the balance point near batch
-    # 64 for the slow rank. Windows of 8,192 rows hold ~25 batches a rank, so one batch more
-    # or less is 4%; 6 epochs of 2 full windows leave time to settle.
-    counts, sizes = _balance_run(tmp_path / "prop", "proportional", "train.epochs=6",
-                                 "train.window_samples=8192", "data.synth.n_train=16384",
-                                 "adaptive.smoothing=0.25")
+def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(runs):
+    counts, sizes = _balance(runs["proportional"], RUNS["proportional"])
     assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
     # Judge the last six windows together, leaving out the most unbalanced one: a shared
     # machine's hiccup can stall one rank for a whole window now and then.
@@ -76,11 +109,11 @@ def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(tmp_path):
 
 
 @pytest.mark.mpi
-def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
+def test_additive_rule_moves_batch_sizes_toward_balance(runs):
     # The papers' rule moves a batch by one step whenever the shares differ, so counts keep
     # oscillating by about a step around the balance point (docs/algorithms.md; near batch 64
     # a step of 32 is half the batch): check the direction and that the gap narrowed.
-    counts, sizes = _balance_run(tmp_path / "add", "additive")
+    counts, sizes = _balance(runs["additive"], RUNS["additive"])
     slow = [s[1] for s in sizes]
     assert slow[:4] == sorted(slow[:4], reverse=True) and slow[3] < slow[0], sizes
     gaps = np.abs(counts[:, 0] - counts[:, 1]) / counts.max(axis=1)
@@ -89,13 +122,8 @@ def test_additive_rule_moves_batch_sizes_toward_balance(tmp_path):
 
 
 @pytest.mark.mpi
-def test_static_scheduler_follows_measured_speed(tmp_path):
-    # Without one-sided MPI the window is split by the speeds measured in earlier windows:
-    # with rank 1 slowed 2x (batch sizes pinned) the fast rank must take clearly more rows.
-    run = tmp_path / "static"
-    train(2, run, "train.algorithm=adaptive", "adaptive.scheduler=static", "hetero.slowdown={1: 2.0}",
-          "data.synth.n_labels=3000", "train.batch_size=128", "adaptive.b_min=128",
-          "train.window_samples=1024", "train.epochs=2", "train.eval_every=2")
+def test_static_scheduler_follows_measured_speed(runs):
+    run = runs["static"]
     rounds = records(run, "round")
     for rec in rounds:
         assert sum(r["samples"] for r in rec["ranks"]) in (1024, 2000 - 1024)  # every row once
@@ -121,21 +149,9 @@ def test_adaptive_merge_follows_its_rule_window_by_window(merges, mode, ranks):
     assert f"merge ok ({mode})" in p.stdout and p.returncode == 0, explain(p)
 
 
-# One adaptive run for the learning-rate, merge-weight and normalization rules (issue 20): a
-# warm-up epoch of three, then batch sizes that differ (rank 1 slowed), learning rates scaled
-# by them and decaying, merge weights from the rows each rank took, tilted while the weights'
-# L2 norm shrinks between evaluations (one after every window). Without weight decay the norm
-# only grew here; with 0.003 it fell during warm-up and at times later, and grew otherwise.
-RULES = ("train.algorithm=adaptive", "hetero.slowdown={1: 3.0}", "train.epochs=3",
-         "train.eval_every=0.25", "adaptive.warmup_epochs=1", "adaptive.lr_decay=0.5",
-         "adaptive.lr_scaling=linear", "adaptive.weights=rows", "adaptive.norm_mode=shrink",
-         "optim.weight_decay=0.003")
-
-
 @pytest.fixture(scope="module")
-def rules_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("rules") / "run"
-    train(2, run, *RULES)
+def rules_run(runs):
+    run = runs["rules"]
     return run, json.loads((run / "config.json").read_text())
 
 

@@ -1,0 +1,37 @@
+"""Run under mpirun: several training runs one after another in the same ranks.
+
+Usage: mpirun -np N python tests/parallel/train_runs.py RUN.json [RUN.json ...]
+    each RUN.json: {"config": "configs/tiny.yaml", "run_dir": "...", "sets": ["k=v", ...]}
+
+Each run goes the way `hvd-adaptive train` goes once its ranks have started (run.py: the
+inputs checked, the config resolved, trainer.train under fail_fast), on a fresh model and in
+its own run folder; TensorFlow and Horovod start once for all of them, which is most of a
+short job's time. For tests that read their runs: none may set train.threads or hogbatch's
+CPU threads (sized once, when TensorFlow starts), and none is compared bit for bit with a run
+of the CLI (the CLI's own path is what the other tests run).
+"""
+import json
+import sys
+from pathlib import Path
+
+from hvd_adaptive import distributed, trainer
+from hvd_adaptive.config import load_config, resolve
+from hvd_adaptive.run import check_inputs
+
+
+def main() -> int:
+    runs = [json.loads(Path(a).read_text()) for a in sys.argv[1:]]
+    cfgs = [load_config(r["config"], r["sets"])[0] for r in runs]
+    for cfg in cfgs:
+        check_inputs(cfg)
+    cluster = distributed.init()  # the CLI's threads for ranks that ask for none
+    with distributed.fail_fast(cluster):
+        for run, cfg in zip(runs, cfgs):
+            cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
+            trainer.train(cfg, Path(run["run_dir"]), cluster)
+    distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
