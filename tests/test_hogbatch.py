@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.config import ConfigError, load_config
-from mpirun import mpirun, records, train
+from mpirun import mpirun, records, train_many
 
 # ---- the pure policy ----------------------------------------------------------------------------
 from hvd_adaptive.algorithms import worker_threads
@@ -103,10 +103,23 @@ def updates_late(run) -> np.ndarray:
     return np.array([[r["batches"] for r in rec["ranks"]] for rec in rounds[len(rounds) // 2:]]).sum(0)
 
 
+THRESHOLD = 0.2
+ADAPTIVE = ("train.algorithm=adaptive_hogbatch", *HETERO, f"hogbatch.threshold={THRESHOLD}")
+
+
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    run = tmp_path_factory.mktemp("hogbatch") / "run"
-    return run, train(2, run, "train.algorithm=hogbatch", *HETERO)
+def runs(tmp_path_factory):
+    """hogbatch and adaptive_hogbatch, one after the other in one 2-rank job:
+    {name: (run folder, summary)}."""
+    root = tmp_path_factory.mktemp("hogbatch")
+    sets = {"plain": ("train.algorithm=hogbatch", *HETERO), "adaptive": ADAPTIVE}
+    summaries = train_many(2, {name: (root / name, s) for name, s in sets.items()})
+    return {name: (root / name, summaries[name]) for name in sets}
+
+
+@pytest.fixture(scope="module")
+def plain(runs):
+    return runs["plain"]
 
 
 @pytest.mark.mpi
@@ -125,14 +138,9 @@ def test_hogbatch_async_workers_both_progress_learn_and_use_every_row_once(plain
     np.testing.assert_array_equal(fp[0], fp[1])
 
 
-THRESHOLD = 0.2
-ADAPTIVE = ("train.algorithm=adaptive_hogbatch", *HETERO, f"hogbatch.threshold={THRESHOLD}")
-
-
 @pytest.fixture(scope="module")
-def adaptive(tmp_path_factory):
-    run = tmp_path_factory.mktemp("adaptive_hogbatch") / "run"
-    return run, train(2, run, *ADAPTIVE)
+def adaptive(runs):
+    return runs["adaptive"]
 
 
 @pytest.mark.mpi

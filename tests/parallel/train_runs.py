@@ -6,15 +6,16 @@ Usage: mpirun -np N python tests/parallel/train_runs.py RUN.json [RUN.json ...]
 Each run goes the way `hvd-adaptive train` goes once its ranks have started (run.py: the
 inputs checked, the config resolved, trainer.train under fail_fast), on a fresh model and in
 its own run folder; TensorFlow and Horovod start once for all of them, which is most of a
-short job's time. For tests that read their runs: none may set train.threads or hogbatch's
-CPU threads (sized once, when TensorFlow starts), and none is compared bit for bit with a run
-of the CLI (the CLI's own path is what the other tests run).
+short job's time. For tests that read their runs, not ones compared bit for bit with a run of
+the CLI (the CLI's own path is what the other tests run). Thread pools are sized once, when
+TensorFlow starts: the runs must give each rank the same threads.
 """
 import json
 import sys
 from pathlib import Path
 
 from hvd_adaptive import distributed, trainer
+from hvd_adaptive.algorithms import worker_threads
 from hvd_adaptive.config import load_config, resolve
 from hvd_adaptive.run import check_inputs
 
@@ -24,7 +25,13 @@ def main() -> int:
     cfgs = [load_config(r["config"], r["sets"])[0] for r in runs]
     for cfg in cfgs:
         check_inputs(cfg)
-    cluster = distributed.init()  # the CLI's threads for ranks that ask for none
+
+    def threads_for(rank: int):
+        wanted = {worker_threads(cfg, rank) for cfg in cfgs}
+        assert len(wanted) == 1, f"rank {rank}: the runs ask for different threads {wanted}"
+        return wanted.pop()
+
+    cluster = distributed.init(threads_for=threads_for)  # as run.py sizes them
     with distributed.fail_fast(cluster):
         for run, cfg in zip(runs, cfgs):
             cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
