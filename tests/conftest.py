@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
 
 from mpirun import train  # noqa: E402
+from trained_run import FILE_RUNS, trained_runs  # noqa: E402
 from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
 
 
@@ -41,3 +42,10 @@ def sync_reference(tmp_path_factory):
     40 rounds, a checkpoint every 8 (24, 32 and 40 kept). Returns (run folder, summary)."""
     run = tmp_path_factory.mktemp("sync_reference") / "run"
     return run, train(2, run, "checkpoint.every=8")
+
+
+@pytest.fixture(scope="session")
+def file_runs(tmp_path_factory):
+    """The runs the predict, evaluate and export tests read (trained_run.FILE_RUNS), trained on
+    the tiny data as files in one 2-rank job: ({name: run folder}, test file)."""
+    return trained_runs(tmp_path_factory.mktemp("file_runs"), 2, FILE_RUNS)

@@ -11,17 +11,17 @@ from hvd_adaptive.cli import main
 from hvd_adaptive.data import parse_file
 from hvd_adaptive.metrics import finalize, metric_sums
 from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
-                         read_predictions, trained_run)
+                         read_predictions)
 
 pytestmark = pytest.mark.mpi  # every test here uses a trained run (mpirun, TensorFlow)
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, file_runs):
     """(run folder, test file, folder hash after training, 1-process prediction file)."""
     root = tmp_path_factory.mktemp("predict")
-    # Sync with the proportional split (LB-BSP), which must learn like the others (test_resume).
-    run_dir, test_txt = trained_run(root, 2, "sync.partition=proportional")
+    runs, test_txt = file_runs
+    run_dir = runs["predict"]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.2, s["final"]
     before = folder_hash(run_dir)

@@ -11,19 +11,31 @@ from pathlib import Path
 import numpy as np
 
 from hvd_adaptive.data import preset, synth_to_files
-from mpirun import REPO, mpi_env, mpirun, records, train
+from mpirun import REPO, mpi_env, mpirun, records, train_many
 
 # configs/tiny.yaml's data (2,000 train / 500 test rows, 2,000 features, 100 labels) as files.
 TINY = dict(scale=0.1, n_train=2000, n_test=500, n_features=2000, n_labels=100, nnz_mean=30,
             labels_mean=2)
 
 
-def trained_run(root: Path, ranks: int, *sets: str) -> tuple[Path, Path]:
-    """Writes the tiny data as XC files, trains on them; returns (run folder, test file)."""
+# The runs the predict, evaluate and export tests read (conftest's `file_runs`), each with sync
+# on 2 ranks, which must learn:
+FILE_RUNS = {
+    # with the proportional split (LB-BSP), which must learn like the others (test_resume)
+    "predict": ("sync.partition=proportional",),
+    # with the sampled output layer: three row-sparse gradients (input layer, output layer,
+    # output bias) in its allreduce
+    "export": ("model.output=sampled", "model.negatives=20", "model.sampler=frequency"),
+}
+
+
+def trained_runs(root: Path, ranks: int, runs: dict[str, tuple[str, ...]]) -> tuple[dict[str, Path], Path]:
+    """Writes the tiny data as XC files once and trains every run on them, one after another
+    in one job; returns ({name: run folder}, test file)."""
     train_txt, test_txt = synth_to_files(preset("eurlex4k", **TINY), root / "data")
-    run = root / "run"
-    train(ranks, run, f"data.train={train_txt}", f"data.test={test_txt}", "train.epochs=4", *sets)
-    return run, test_txt
+    data = (f"data.train={train_txt}", f"data.test={test_txt}", "train.epochs=4")
+    train_many(ranks, {name: (root / name / "run", (*data, *sets)) for name, sets in runs.items()})
+    return {name: root / name / "run" for name in runs}, test_txt
 
 
 def last_eval(run: Path) -> dict:
