@@ -6,7 +6,7 @@ Run (after `bash launch/setup.sh --slurm`):
 
 Two nodes, each a network + UTS namespace with its own address and hostname; the ranks of one
 node share memory, the nodes talk TCP over a bridge. What is checked across nodes, and what
-only on one node, is listed in docs/multinode.md. About 3 minutes here (2 cores; TensorFlow's
+only on one node, is listed in docs/multinode.md. About 2 minutes here (2 cores; TensorFlow's
 start-up dominates every job).
 """
 from __future__ import annotations
