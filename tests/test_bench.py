@@ -64,6 +64,9 @@ def test_every_algorithm_is_a_contender():
     from hvd_adaptive.config import load_config
     for name, sets in CONTENDERS.items():  # every contender's overrides are valid keys
         load_config(None, sets)
+    # The published algorithm: none of the project's additions to the merge or the rate.
+    a = load_config(None, CONTENDERS["adaptive_paper"])[0].adaptive
+    assert (a.opt_state, a.row_norm, a.label_norm, a.lr_scaling) == ("local", False, False, "linear")
 
 
 def test_contenders_write_no_model_unless_the_user_sets_it():
@@ -76,9 +79,6 @@ def test_contenders_write_no_model_unless_the_user_sets_it():
     assert used(CONTENDERS["adaptive"]).checkpoint.keep == 0
     assert used(CONTENDERS["adaptive"]).train.algorithm == "adaptive"
     assert used(["checkpoint.keep=2"]).checkpoint.keep == 2  # a --set of the user's wins
-    # The published algorithm: none of the project's additions to the merge or the rate.
-    a = load_config(None, CONTENDERS["adaptive_paper"])[0].adaptive
-    assert (a.opt_state, a.row_norm, a.label_norm, a.lr_scaling) == ("local", False, False, "linear")
 
 
 def test_scaling_profiles_points_and_table(tmp_path):
