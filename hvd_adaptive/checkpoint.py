@@ -352,6 +352,11 @@ class Checkpointer:
         """Whether a periodic checkpoint is due after this many rounds."""
         return self.cfg.every is not None and rounds_done % self.cfg.every == 0
 
+    def final_due(self, rounds_done: int) -> bool:
+        """Whether the run's end needs a checkpoint, so a longer run can continue from it:
+        unless one was just written, or checkpoint.keep is 0 (none at all)."""
+        return self.cfg.keep > 0 and self.last_saved != rounds_done
+
     def save(self, rounds_done: int, state: dict) -> Path:
         """Writes a checkpoint; refuses a model with NaN or inf (the last good one stays).
 

@@ -173,8 +173,7 @@ class Trainer:
                 break
         if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
             self.evaluate(pos.last_progress)
-        # The final state, so a longer run can continue from it (none with checkpoint.keep 0).
-        if self.ckpt.cfg.keep and self.ckpt.last_saved != pos.rounds:
+        if self.ckpt.final_due(pos.rounds):
             self.save()
 
     def account(self, stats: RoundStats, seconds: float) -> tuple[list[RoundStats], float]:
