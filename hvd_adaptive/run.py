@@ -28,11 +28,27 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
     """
     check_inputs(cfg)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
-    from hvd_adaptive import distributed, trainer
+    from hvd_adaptive import distributed
     from hvd_adaptive.algorithms import worker_threads
 
     # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
     cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank))
+    train_on(cluster, cfg, run_dir)
+    distributed.shutdown()
+    return 0
+
+
+def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:
+    """One run on ranks that have started (`distributed.init`, inputs checked): the config
+    resolved, the folder agreed, trained; any rank's failure ends the whole job.
+
+    Args:
+        cluster: this rank's distributed.Cluster.
+        cfg: the validated config.
+        run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
+    """
+    from hvd_adaptive import distributed, trainer
+
     # What the run uses from here on, and what config.json says: no None left to resolve.
     cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
     with distributed.fail_fast(cluster):
@@ -40,8 +56,6 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
         name = cluster.comm.bcast(name, root=0)
         trainer.train(cfg, Path(name), cluster)
-    distributed.shutdown()
-    return 0
 
 
 def check_inputs(cfg: Config) -> None:

@@ -78,13 +78,13 @@ def runs(tmp_path_factory):
     return {name: root / name for name in RUNS}
 
 
-def _balance(run, sets):
+def _balance(run):
     """A balance run's batch counts per full window and rank, and its batch sizes per window."""
     rounds = records(run, "round")
     for rec in rounds:  # merge weights are the shares of the window's batches (norm_mode off)
         counts = np.array([r["batches"] for r in rec["ranks"]], float)
         assert [r["weight"] for r in rec["ranks"]] == pytest.approx(counts / counts.sum(), abs=1e-5)
-    window = next(int(x.split("=")[1]) for x in sets[::-1] if x.startswith("train.window_samples="))
+    window = json.loads((run / "config.json").read_text())["train"]["window_samples"]
     full = [rec for rec in rounds if sum(r["samples"] for r in rec["ranks"]) == window]
     counts = np.array([[r["batches"] for r in rec["ranks"]] for rec in full], float)
     sizes = [[r["batch_size"] for r in rec["ranks"]] for rec in rounds]
@@ -93,7 +93,7 @@ def _balance(run, sets):
 
 @pytest.mark.mpi
 def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(runs):
-    counts, sizes = _balance(runs["proportional"], RUNS["proportional"])
+    counts, sizes = _balance(runs["proportional"])
     assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
     # Judge the last six windows together, leaving out the most unbalanced one: a shared
     # machine's hiccup can stall one rank for a whole window now and then.
@@ -113,7 +113,7 @@ def test_additive_rule_moves_batch_sizes_toward_balance(runs):
     # The papers' rule moves a batch by one step whenever the shares differ, so counts keep
     # oscillating by about a step around the balance point (docs/algorithms.md; near batch 64
     # a step of 32 is half the batch): check the direction and that the gap narrowed.
-    counts, sizes = _balance(runs["additive"], RUNS["additive"])
+    counts, sizes = _balance(runs["additive"])
     slow = [s[1] for s in sizes]
     assert slow[:4] == sorted(slow[:4], reverse=True) and slow[3] < slow[0], sizes
     gaps = np.abs(counts[:, 0] - counts[:, 1]) / counts.max(axis=1)

@@ -3,9 +3,8 @@
 Usage: mpirun -np N python tests/parallel/train_runs.py RUN.json [RUN.json ...]
     each RUN.json: {"config": "configs/tiny.yaml", "run_dir": "...", "sets": ["k=v", ...]}
 
-Each run goes the way `hvd-adaptive train` goes once its ranks have started (run.py: the
-inputs checked, the config resolved, trainer.train under fail_fast), on a fresh model and in
-its own run folder; TensorFlow and Horovod start once for all of them, which is most of a
+Each run goes the way `hvd-adaptive train` goes once its ranks have started (run.py's
+check_inputs, then train_on), on a fresh model and in its own run folder; TensorFlow and Horovod start once for all of them, which is most of a
 short job's time. For tests that read their runs, not ones compared bit for bit with a run of
 the CLI (the CLI's own path is what the other tests run). Thread pools are sized once, when
 TensorFlow starts: the runs must give each rank the same threads.
@@ -14,10 +13,10 @@ import json
 import sys
 from pathlib import Path
 
-from hvd_adaptive import distributed, trainer
+from hvd_adaptive import distributed
 from hvd_adaptive.algorithms import worker_threads
-from hvd_adaptive.config import load_config, resolve
-from hvd_adaptive.run import check_inputs
+from hvd_adaptive.config import load_config
+from hvd_adaptive.run import check_inputs, train_on
 
 
 def main() -> int:
@@ -32,10 +31,8 @@ def main() -> int:
         return wanted.pop()
 
     cluster = distributed.init(threads_for=threads_for)  # as run.py sizes them
-    with distributed.fail_fast(cluster):
-        for run, cfg in zip(runs, cfgs):
-            cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
-            trainer.train(cfg, Path(run["run_dir"]), cluster)
+    for run, cfg in zip(runs, cfgs):
+        train_on(cluster, cfg, run["run_dir"])
     distributed.shutdown()
     return 0
 
