@@ -199,5 +199,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `hvd-adaptive` command: main, then a quick exit (distributed.exit_process)."""
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

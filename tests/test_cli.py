@@ -60,3 +60,32 @@ def test_input_errors_end_train_before_mpi_and_tensorflow_start(sets, needle):
                        text=True, timeout=60)
     assert p.stdout.split() == ["2", "False", "False"], p.stdout + p.stderr[-3000:]
     assert p.stderr.startswith("hvd-adaptive: error: ") and needle in p.stderr, p.stderr[-3000:]
+
+
+EXITING = """
+import atexit, sys
+from mpi4py import MPI
+from hvd_adaptive.distributed import exit_process
+
+class Teardown:
+    def __del__(self):
+        print("torn down", flush=True)
+
+keep = Teardown()  # a normal exit's teardown would delete it
+atexit.register(lambda: open(sys.argv[1], "w").write(f"handler ran, MPI finalized: {MPI.Is_finalized()}"))
+sys.stdout.write("buffered line")  # no newline: still in the buffer at exit
+exit_process(3)
+"""
+
+
+def test_commands_exit_with_atexit_handlers_run_mpi_finalized_and_no_teardown(tmp_path):
+    """distributed.exit_process, which the CLI and the ranks' programs end with: its status,
+    the atexit handlers (cgroups, Horovod's shut-down) before MPI is finalized, buffered output
+    written, and no interpreter teardown (about a second once TensorFlow is loaded)."""
+    marker = tmp_path / "atexit.txt"
+    p = subprocess.run([sys.executable, "-c", EXITING, str(marker)], capture_output=True, text=True,
+                       cwd=REPO, env=mpi_env(), timeout=60)
+    assert p.returncode == 3, p.stderr
+    assert marker.read_text() == "handler ran, MPI finalized: False"
+    assert p.stdout == "buffered line", p.stdout
+    assert "Finalize" not in p.stderr and "finalize" not in p.stderr, p.stderr

@@ -103,4 +103,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(main())

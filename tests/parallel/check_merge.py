@@ -156,4 +156,6 @@ def check(mode: str, c) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(each_case(check))
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(each_case(check))

@@ -77,4 +77,6 @@ def check(name: str, c) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(each_case(check))
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(each_case(check))
