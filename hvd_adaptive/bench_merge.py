@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = preset(s.preset, scale=s.scale, **{k: getattr(s, k) for k in ("n_features", "n_labels")
                                               if getattr(s, k) is not None})
     c = distributed.init(cfg.train.threads)
+    from hvd_adaptive.tfload import tf
     import horovod.tensorflow as hvd
-    import tensorflow as tf
     from hvd_adaptive.merge import Merge
     from hvd_adaptive.model import SparseMLP
 
@@ -73,4 +73,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(main())

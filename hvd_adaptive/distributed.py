@@ -84,7 +84,7 @@ def init(threads: Optional[int] = None,
     # each rank's computing time. 5 ms measured 1.32x sooner to the target for sync and for
     # adaptive (docs/benchmark.md); a collective waits at most one cycle longer to start.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", str(HOROVOD_CYCLE_MS))
-    import tensorflow as tf
+    from hvd_adaptive.tfload import tf
     import horovod.tensorflow as hvd
 
     hvd.init()  # adopts the MPI world mpi4py initialized

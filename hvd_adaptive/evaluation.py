@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.data import Dataset, make_batch
 from hvd_adaptive.distributed import Cluster, allreduce_sum_np

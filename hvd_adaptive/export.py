@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.runmodel import TrainedRun, build_model

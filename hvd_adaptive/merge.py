@@ -40,7 +40,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.config import MergeConfig
 from hvd_adaptive.model import RowMask, SparseMLP

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig
 from hvd_adaptive.data import Batch

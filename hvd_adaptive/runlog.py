@@ -62,7 +62,7 @@ class RunLog:
             self._round_scalars(rec)
 
     def _open_events(self, fresh: bool) -> None:
-        import tensorflow as tf
+        from hvd_adaptive.tfload import tf
 
         tb = self.dir / "tb"
         if self._tb is not None:
@@ -88,7 +88,7 @@ class RunLog:
     def _scalars(self, step: int, values: dict) -> None:
         if self._tb is None:  # a record before start/resume (not written by the trainer)
             self._open_events(fresh=False)
-        import tensorflow as tf
+        from hvd_adaptive.tfload import tf
 
         with tf.device("/CPU:0"), self._tb.as_default():
             for tag, value in values.items():

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive import algorithms
 from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats

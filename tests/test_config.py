@@ -118,6 +118,9 @@ from hvd_adaptive.algorithms import Algorithm
 for name, target in ALGORITHMS.items():
     module, _, cls = target.partition(":")
     assert issubclass(getattr(importlib.import_module(module), cls), Algorithm), name
+# hvd_adaptive.tfload: TensorFlow came without matplotlib (Keras' plotting), which stays importable
+assert "tensorflow" in sys.modules and "matplotlib" not in sys.modules
+import matplotlib.pyplot
 """
     p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))

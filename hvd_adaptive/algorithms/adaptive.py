@@ -17,7 +17,7 @@ Per merge window of S rows (train.window_samples):
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive import balance
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks

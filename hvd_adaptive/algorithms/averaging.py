@@ -9,7 +9,7 @@ differ in the merge at the round's end.
 """
 from __future__ import annotations
 
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, epoch_permutation, make_batch

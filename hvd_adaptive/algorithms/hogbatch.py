@@ -37,7 +37,7 @@ import time
 from typing import Optional
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.algorithms import worker_threads
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window

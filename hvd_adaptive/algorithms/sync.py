@@ -26,7 +26,7 @@ with it, and the proportional split gives the time saved back as rows.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+from hvd_adaptive.tfload import tf
 import horovod.tensorflow as hvd
 
 from hvd_adaptive.algorithms.base import Algorithm, RoundStats, Window, chunks
