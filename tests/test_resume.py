@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from hvd_adaptive.balance import MODES, choose_mode
-from mpirun import mpirun, records, train
+from mpirun import mpirun, records, train_many
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
@@ -49,17 +49,34 @@ def adaptive_cut(tmp_path_factory):
     return run
 
 
+def _sets(name: str) -> tuple[str, ...]:
+    rounds = ALGOS[name]
+    return (f"train.algorithm={name}", *BASE, f"checkpoint.every={rounds // 4}", *FIXED.get(name, ()))
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, adaptive_cut):
+    """Every algorithm's run, interrupted on rank 1 in the round after its middle checkpoint
+    (one job each; adaptive's is the module's), then all resumed in one job of train_many (the
+    CLI's --resume is the set checkpoint.resume=auto). Returns {name: (run folder, summary)}."""
+    base = tmp_path_factory.mktemp("resumed")
+    runs = {}
+    for name, rounds in ALGOS.items():
+        run = base / name
+        if _sets(name) == CUT:  # adaptive: the module's interrupted run is this one
+            shutil.copytree(adaptive_cut, run)
+        else:
+            interrupted(run, 2, _sets(name), fail_at=rounds // 2 + 1)
+        runs[name] = (run, (*_sets(name), "checkpoint.resume=auto"))
+    summaries = train_many(2, runs)
+    return {name: (run, summaries[name]) for name, (run, _) in runs.items()}
+
+
 @pytest.mark.parametrize("name", list(ALGOS))
-def test_every_algorithm_resumes_where_it_stopped_and_learns(tmp_path, request, name):
+def test_every_algorithm_resumes_where_it_stopped_and_learns(resumed, name):
     rounds = ALGOS[name]
     cut = rounds // 2  # the newest checkpoint when rank 1 fails in the round after it
-    sets = (f"train.algorithm={name}", *BASE, f"checkpoint.every={rounds // 4}", *FIXED.get(name, ()))
-    run = tmp_path / "run"
-    if sets == CUT:  # adaptive: the module's interrupted run is this one
-        shutil.copytree(request.getfixturevalue("adaptive_cut"), run)
-    else:
-        interrupted(run, 2, sets, fail_at=cut + 1)
-    s = train(2, run, *sets, "checkpoint.resume=auto")
+    run, s = resumed[name]
     rounds_log = records(run, "round")
     assert [r["round"] for r in rounds_log] == list(range(rounds))
     assert records(run, "resume")[0]["round"] == cut
