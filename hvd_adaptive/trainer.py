@@ -73,6 +73,9 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
         resumed = ckpt.restore(algo, log)
         algo.trace()
+        run = Trainer(cfg, algo, test_ds, log, ckpt,
+                      Position.restored(resumed, cluster.size, algo.resized))
+        run.warm_up()
         # The quota slows what the clock and the calibration measure, not the start-up before
         # them (tracing at a sixteenth of a core took tens of seconds).
         quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
@@ -94,8 +97,6 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:
             log.record(event="start", **head)
-        run = Trainer(cfg, algo, test_ds, log, ckpt,
-                      Position.restored(resumed, cluster.size, algo.resized))
         run.loop()
         return run.finish(rates, base_p1)
 
@@ -139,6 +140,16 @@ class Trainer:
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
         self.evaluator: Optional[Evaluator] = None
+
+    def warm_up(self) -> None:
+        """The evaluation's functions traced and run once (Evaluator.warm_up), before the clock
+        and any CPU quota, as the algorithm's steps are (Algorithm.trace)."""
+        self.evaluator_for(self.algo.eval_model()).warm_up(self.test_ds)
+
+    def evaluator_for(self, model) -> Evaluator:
+        if self.evaluator is None or self.evaluator.model is not model:
+            self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
+        return self.evaluator
 
     def loop(self) -> None:
         """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
@@ -203,9 +214,7 @@ class Trainer:
             raise FloatingPointError(
                 f"the model's weights became NaN or inf by epoch {progress:.3f} (round {pos.rounds}); "
                 "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
-        if self.evaluator is None or self.evaluator.model is not model:
-            self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
-        m = self.evaluator(self.test_ds, self.cluster, self.cfg.train.eval_rows)
+        m = self.evaluator_for(model)(self.test_ds, self.cluster, self.cfg.train.eval_rows)
         # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
         # it too (Algorithm.on_eval: adaptive normalization follows its trend).
         norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))

@@ -33,3 +33,16 @@ def test_blocked_top_k_equals_unblocked(memory_mb, output):
                      tf.constant(b.size, tf.int32))
     want = tf.math.top_k(z, k=5).indices.numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_warm_up_traces_the_ranking_once_for_every_later_evaluation():
+    # The trainer warms the evaluator up before a rank's CPU quota starts: tracing there, not
+    # at the first evaluation under the quota (3 s of a sixteenth-core rank's run here).
+    train, test = synthesize(preset("eurlex4k", scale=0.05, seed=2, n_test=150))
+    model = SparseMLP(train.n_features, train.n_labels, ModelConfig(hidden=[16], init_seed=3))
+    ev = Evaluator(model, 64.0, chunk=64)
+    ev.warm_up(test)
+    traced = [f.experimental_get_tracing_count() for f in (ev._hidden, ev._topk)]
+    assert traced == [1, 1]
+    ev.top_labels(test, np.arange(test.n_rows))  # several chunks, a ragged last one
+    assert [f.experimental_get_tracing_count() for f in (ev._hidden, ev._topk)] == traced
