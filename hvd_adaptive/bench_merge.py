@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 
 

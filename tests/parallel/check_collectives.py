@@ -6,7 +6,6 @@ merge.sparse off and no row normalization: sum_i w_i theta_i in one fused allred
 rules and the sparse merge are checked in real runs by check_merge.py).
 Exit code 0 means all checks held.
 """
-import sys
 
 import numpy as np
 

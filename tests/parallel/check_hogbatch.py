@@ -9,7 +9,6 @@
 3. The NaN guard: updates computed with a NaN learning rate never reach the shared model.
 Exit code 0 means all checks held.
 """
-import sys
 
 import numpy as np
 

@@ -19,7 +19,6 @@ the merge in numpy and asserts:
 - replicas are identical after every merge.
 Exit code 0 means every check held.
 """
-import sys
 
 import numpy as np
 

@@ -14,7 +14,6 @@ batch is under half the batch size, and the fast rank takes clearly more batches
 every window's mode is the rule's (auto.choose_mode) from the rows/s the earlier windows
 measured and allgathered.
 """
-import sys
 
 import numpy as np
 

@@ -16,7 +16,6 @@ float tolerance. Under the proportional partition every window's split must be t
 deadband) computed from the allgathered figures of the window's round records.
 Exit code 0 means every check held.
 """
-import sys
 
 import numpy as np
 
