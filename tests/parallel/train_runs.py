@@ -4,10 +4,11 @@ Usage: mpirun -np N python tests/parallel/train_runs.py RUN.json [RUN.json ...]
     each RUN.json: {"config": "configs/tiny.yaml", "run_dir": "...", "sets": ["k=v", ...]}
 
 Each run goes the way `hvd-adaptive train` goes once its ranks have started (run.py's
-check_inputs, then train_on), on a fresh model and in its own run folder; TensorFlow and Horovod start once for all of them, which is most of a
-short job's time. For tests that read their runs, not ones compared bit for bit with a run of
-the CLI (the CLI's own path is what the other tests run). Thread pools are sized once, when
-TensorFlow starts: the runs must give each rank the same threads.
+check_inputs, then train_on), on a fresh model and in its own run folder; TensorFlow and
+Horovod start once for all of them, which is most of a short job's time. For tests that read
+their runs, not ones compared bit for bit with a run of the CLI (the CLI's own path is what the
+other tests run). Thread pools are sized once, when TensorFlow starts: the runs must give each
+rank the same threads.
 """
 import json
 import sys
