@@ -281,6 +281,55 @@ def load(path: Path, rank: int = 0, mmap: bool = False) -> tuple[dict, dict]:
     return state, manifest
 
 
+def check_resumable(path, state: dict, algorithm: Optional[str], stream: list) -> None:
+    """Whether this run can go on from a training checkpoint's state (its shared scalars).
+
+    Args:
+        path: The checkpoint folder, named in the message.
+        state: At least the checkpoint's "algorithm" and "trainer.stream" entries.
+        algorithm: This run's train.algorithm; None leaves it to Algorithm.load_state_dict.
+        stream: This run's [train.seed, train.window_samples, training rows]; a None (rows
+            not known before the data is loaded) matches any value.
+
+    Raises:
+        ConfigError: Another algorithm or another window stream; the message names the folder.
+    """
+    if algorithm is not None and state.get("algorithm") != algorithm:
+        raise ConfigError(f"{path}: checkpoint was written by train.algorithm={state.get('algorithm')}, "
+                          f"this run uses {algorithm}")
+    saved = state.get(LOOP + "stream")
+    if saved is None or any(x is not None and x != y for x, y in zip(stream, saved)):
+        shown = [y if x is None else x for x, y in zip(stream, saved or stream)]
+        raise ConfigError(
+            f"{path}: checkpoint was taken with [train.seed, train.window_samples, training "
+            f"rows] = {saved}, this run has {shown}; resume with the same values or use another "
+            "--run-dir")
+
+
+def check_before_start(run_dir, algorithm: str, stream: list) -> None:
+    """--resume's refusals, before MPI and TensorFlow start (run.check_inputs).
+
+    Reads only the shared scalars (state.json) of the newest checkpoint that has its marker;
+    the arrays are checked against the manifest later, when the trainer restores (and skips a
+    damaged newest one then: all checkpoints of a folder come from one run, so the one it
+    picks was taken with the same settings). No checkpoint, or an unreadable one: nothing to
+    refuse here.
+
+    Raises:
+        ConfigError: As check_resumable, naming the checkpoint.
+    """
+    for _, path in sorted(_numbered(Path(run_dir) / "checkpoints"), reverse=True):
+        try:
+            if not (path / MARKER).is_file():
+                continue
+            state = json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and "algorithm" in state:
+            check_resumable(path, state, algorithm, stream)
+        return
+
+
 def quarantine(paths: list[Path]) -> None:
     """Renames damaged checkpoints to `damaged-ckpt-*` so they neither shadow nor get pruned."""
     for p in paths:
@@ -397,11 +446,7 @@ class Checkpointer:
         if found is None:
             return None
         state, manifest = found
-        if state[LOOP + "stream"] != self.stream_key(algo):
-            raise ConfigError(
-                f"{manifest['path']}: checkpoint was taken with [train.seed, train.window_samples, training "
-                f"rows] = {state[LOOP + 'stream']}, this run has {self.stream_key(algo)}; "
-                "resume with the same values or use another --run-dir")
+        check_resumable(manifest["path"], state, None, self.stream_key(algo))
         try:
             algo.load_state_dict(state)
         except ValueError as e:  # wrong algorithm or model shape: say which checkpoint

@@ -26,7 +26,7 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
         run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
         verbose: keep TensorFlow's and absl's start-up messages on stderr.
     """
-    check_inputs(cfg)
+    check_inputs(cfg, run_dir)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
     from hvd_adaptive import distributed
     from hvd_adaptive.algorithms import worker_threads
@@ -58,21 +58,28 @@ def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:
         trainer.train(cfg, Path(name), cluster)
 
 
-def check_inputs(cfg: Config) -> None:
+def check_inputs(cfg: Config, run_dir: Optional[str] = None) -> None:
     """The input errors a rank can see before MPI and TensorFlow start, each in one line.
 
-    The names that registries own (train.algorithm, data.synth.preset) and the data files'
-    existence; config.py checked the rest when the config was built.
+    The names that registries own (train.algorithm, data.synth.preset), the data files'
+    existence and headers, and with checkpoint.resume auto (`--resume`) whether the newest
+    checkpoint in `run_dir` was taken by this algorithm with this window stream (seed,
+    window, training rows); config.py checked the rest when the config was built.
 
     Raises:
-        ConfigError: an unknown algorithm or synthetic preset.
-        DataError: a data file that does not exist.
+        ConfigError: an unknown algorithm or synthetic preset; a checkpoint of another run.
+        DataError: a data file that does not exist or whose header disagrees.
     """
     from hvd_adaptive.algorithms import check_name
     from hvd_adaptive.data import check_sources
 
     check_name(cfg)
-    check_sources(cfg)
+    rows = check_sources(cfg)
+    if run_dir is not None and cfg.checkpoint.resume == "auto":
+        from hvd_adaptive.checkpoint import check_before_start
+
+        t = cfg.train
+        check_before_start(run_dir, t.algorithm, [t.seed, t.window_samples, rows])
 
 
 def quiet_tensorflow(verbose: bool) -> None:

@@ -17,21 +17,16 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.data import preset, synthesize, write_xc
-from mpirun import REPO, job_group, mpi_env, mpirun, run
-
-# The CLI in one process that exits 99 if it got as far as importing TensorFlow.
-BEFORE_TF = ("import sys\nfrom hvd_adaptive.cli import main\nrc = main(sys.argv[1:])\n"
-             "sys.exit(99 if 'tensorflow' in sys.modules else rc)")
-
+from mpirun import REPO, before_tf, job_group, mpi_env, mpirun, run
 
 def cli(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
     """`hvd-adaptive train --config configs/tiny.yaml ARGS` on `ranks` ranks (1: no launcher;
-    0: one process that must end before TensorFlow starts, see BEFORE_TF)."""
+    0: one process that must end before TensorFlow starts, see mpirun.before_tf)."""
     argv = ["train", "--config", "configs/tiny.yaml", *args]
     if ranks > 1:
         return mpirun(ranks, ["-m", "hvd_adaptive.cli", *argv], timeout=120, **env)
     if ranks == 0:
-        return run([sys.executable, "-c", BEFORE_TF, *argv], 60, mpi_env(**env))
+        return before_tf(argv, **env)
     return run([sys.executable, "-m", "hvd_adaptive.cli", *argv], 120, mpi_env(**env))
 
 

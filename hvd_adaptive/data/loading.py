@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from hvd_adaptive.config import Config, ConfigError
 from hvd_adaptive.data.formats import DataError, Dataset, load_dataset, read_header
-from hvd_adaptive.data.synth import PRESETS, preset, synthesize, synthesize_cached
+from hvd_adaptive.data.synth import PRESETS, SynthSpec, preset, synthesize, synthesize_cached
 
 if TYPE_CHECKING:
     from hvd_adaptive.distributed import Cluster
@@ -22,10 +22,7 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     check_sources(cfg)
     d = cfg.data
     if d.train == "synthetic":
-        s = d.synth
-        overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
-                                                 "nnz_mean", "labels_mean") if getattr(s, k) is not None}
-        spec = preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
+        spec = synth_spec(cfg)
         say = _progress("generating synthetic data", cluster.is_root)
         if d.cache_dir is None:
             return synthesize(spec, say)
@@ -45,10 +42,22 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     return out if out is not None else load()
 
 
-def check_sources(cfg: Config) -> None:
+def synth_spec(cfg: Config) -> SynthSpec:
+    """The synthetic data set's shape and seed from data.synth (a preset, scaled, overridden)."""
+    s = cfg.data.synth
+    overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
+                                             "nnz_mean", "labels_mean") if getattr(s, k) is not None}
+    return preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
+
+
+def check_sources(cfg: Config) -> Optional[int]:
     """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing
     file, and from XC files' headers (their first lines) a test file of another shape than the
     training file or a batch larger than the training rows.
+
+    Returns:
+        The training rows where known without reading the data (synthetic, or a file with a
+        header), else None.
 
     Raises:
         ConfigError: data.synth.preset is not a name of PRESETS; train.batch_size too large.
@@ -59,7 +68,7 @@ def check_sources(cfg: Config) -> None:
         if d.synth.preset not in PRESETS:
             raise ConfigError(f"data.synth.preset: unknown preset {d.synth.preset!r}; "
                               f"known: {sorted(PRESETS)}")
-        return
+        return synth_spec(cfg).n_train
     for key, path in (("data.train", d.train), ("data.test", d.test)):
         if not os.path.isfile(path):
             raise DataError(f"{path}: data file not found ({key})")
@@ -67,6 +76,8 @@ def check_sources(cfg: Config) -> None:
     if head is not None:
         read_header(d.test, fmt=d.format, n_features=head[1], n_labels=head[2])
         _check_batch(cfg, head[0], d.train)
+        return head[0]
+    return None
 
 
 def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:

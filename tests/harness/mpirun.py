@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -55,6 +56,17 @@ def mpirun(n: int, args: list[str], timeout: float = 240, **env: str) -> subproc
     """`mpirun -np n python ARGS...`; more ranks than cores are allowed (oversubscribed)."""
     cmd, _ = mpirun_command(n, args)
     return run(cmd, timeout, mpi_env(**env))
+
+
+# The CLI in one process that exits 99 if it got as far as importing TensorFlow.
+_BEFORE_TF = ("import sys\nfrom hvd_adaptive.cli import main\nrc = main(sys.argv[1:])\n"
+              "sys.exit(99 if 'tensorflow' in sys.modules else rc)")
+
+
+def before_tf(args: list[str], timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """`hvd-adaptive ARGS` in one process for an error that must end it before TensorFlow
+    starts: its exit status is 99 if TensorFlow was imported."""
+    return run([sys.executable, "-c", _BEFORE_TF, *args], timeout, mpi_env(**env))
 
 
 def train_args(run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",

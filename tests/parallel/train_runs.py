@@ -23,8 +23,8 @@ from hvd_adaptive.run import check_inputs, train_on
 def main() -> int:
     runs = [json.loads(Path(a).read_text()) for a in sys.argv[1:]]
     cfgs = [load_config(r["config"], r["sets"])[0] for r in runs]
-    for cfg in cfgs:
-        check_inputs(cfg)
+    for run, cfg in zip(runs, cfgs):
+        check_inputs(cfg, run["run_dir"])
 
     def threads_for(rank: int):
         wanted = {worker_threads(cfg, rank) for cfg in cfgs}
