@@ -2,11 +2,10 @@
 a fresh run does with an old run's folder ("When things go wrong"): 2 real ranks, tiny config.
 """
 import json
-import shutil
 
 import pytest
 
-from mpirun import mpirun, train_args
+from mpirun import train_many_job
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
@@ -14,13 +13,6 @@ pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 # 0.254, 0.346, 0.42 (epoch 1.5), ... 0.758 at epoch 10, so this target stops it at epoch 1.5.
 TARGET = 0.4
 BUDGET = 1.0  # seconds of training; all 10 epochs took 3.6 s here (40 rounds)
-
-
-def last_run(run_dir) -> list[dict]:
-    """The records of the folder's latest run (a fresh run appends to metrics.jsonl)."""
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    starts = [i for i, r in enumerate(recs) if r["event"] == "start"]
-    return recs[starts[-1]:]
 
 
 def events(recs, event) -> list[dict]:
@@ -34,28 +26,24 @@ def checkpoints(run_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def target_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("target") / "run"
-    p = mpirun(2, train_args(run, "train.eval_every=0.5", f"train.target_p_at_1={TARGET}",
-                             "checkpoint.every=4"))
-    assert p.returncode == 0, p.stderr[-3000:]
-    return run, p.stdout
+def stopped(tmp_path_factory):
+    """Two runs in one folder, one after another in one 2-rank job (train_many): a run with a
+    target P@1 and a checkpoint every 4 rounds, then a run with a time budget and without
+    --resume. Returns (folder, each run's records, each run's lines of output)."""
+    run = tmp_path_factory.mktemp("stopping") / "run"
+    _, out = train_many_job(2, {
+        "target": (run, ("train.eval_every=0.5", f"train.target_p_at_1={TARGET}", "checkpoint.every=4")),
+        "budget": (run, (f"train.time_budget_s={BUDGET}",)),
+    })
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    starts = [i for i, r in enumerate(recs) if r["event"] == "start"]
+    assert len(starts) == 2, starts
+    cut = out.index("data: ", out.index("done: P@1"))  # the second run's first line
+    return run, (recs[:starts[1]], recs[starts[1]:]), (out[:cut], out[cut:])
 
 
-@pytest.fixture(scope="module")
-def budget_run(tmp_path_factory, target_run):
-    """A run with a time budget, without --resume, in a copy of the target run's folder."""
-    old, _ = target_run
-    run = shutil.copytree(old, tmp_path_factory.mktemp("budget") / "run")
-    before = checkpoints(run)
-    p = mpirun(2, train_args(run, f"train.time_budget_s={BUDGET}"))
-    assert p.returncode == 0, p.stderr[-3000:]
-    return run, p.stdout, before
-
-
-def test_target_p_at_1_stops_at_the_first_evaluation_reaching_it(target_run):
-    run, out = target_run
-    recs = last_run(run)
+def test_target_p_at_1_stops_at_the_first_evaluation_reaching_it(stopped):
+    _, (recs, _), (out, _) = stopped
     p1 = [e["p_at_1"] for e in events(recs, "eval")]
     assert len(p1) >= 3 and p1[-1] >= TARGET and max(p1[:-1]) < TARGET, p1
     rounds = events(recs, "round")
@@ -63,9 +51,8 @@ def test_target_p_at_1_stops_at_the_first_evaluation_reaching_it(target_run):
     assert f"target P@1 {TARGET} reached" in out, out[-2000:]
 
 
-def test_time_budget_stops_the_run_after_the_round_that_reaches_it(budget_run):
-    run, out, _ = budget_run
-    recs = last_run(run)
+def test_time_budget_stops_the_run_after_the_round_that_reaches_it(stopped):
+    run, (_, recs), (_, out) = stopped
     walls = [r["wall_s"] for r in events(recs, "round")]
     assert len(walls) >= 2 and walls[-1] >= BUDGET > walls[-2], walls
     assert events(recs, "round")[-1]["epoch"] < 10
@@ -76,12 +63,13 @@ def test_time_budget_stops_the_run_after_the_round_that_reaches_it(budget_run):
     assert summary["train_wall_s"] == pytest.approx(walls[-1], abs=1e-3)
 
 
-def test_a_run_without_resume_deletes_the_old_runs_checkpoints(budget_run):
-    run, out, before = budget_run
-    assert len(before) >= 2, before  # the target run left several
+def test_a_run_without_resume_deletes_the_old_runs_checkpoints(stopped):
+    run, (first, second), (out_first, out) = stopped
+    written = [line.split("/")[-1] for line in out_first.splitlines() if line.startswith("checkpoint ")]
+    assert len(written) >= 2, out_first[-2000:]  # the target run left several
     assert "removed the checkpoints of an earlier run" in out, out[-2000:]
-    rounds = events(last_run(run), "round")
     now = checkpoints(run)
-    assert list(now) == [f"ckpt-{len(rounds)}"], now  # only this run's final one
-    assert not set(now.items()) & set(before.items()), "an old checkpoint survived"
-    assert len(events(last_run(run), "start")) == 1 and not events(last_run(run), "resume")
+    assert list(now) == [f"ckpt-{len(events(second, 'round'))}"], now  # only this run's final one
+    started = events(second, "start")[0]["time"]
+    assert all(t > started for t in now.values()), ("an old checkpoint survived", now, started)
+    assert not events(second, "resume")

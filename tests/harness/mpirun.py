@@ -92,15 +92,22 @@ def train_many(n: int, runs: dict[str, tuple[Path, tuple[str, ...]]],
                config: str = "configs/tiny.yaml", timeout: float = 300) -> dict[str, dict]:
     """Several runs, {name: (run folder, sets)}, one after another in one job of n ranks
     (tests/parallel/train_runs.py); returns {name: summary.json} (asserts success)."""
+    return train_many_job(n, runs, config, timeout)[0]
+
+
+def train_many_job(n: int, runs: dict[str, tuple[Path, tuple[str, ...]]],
+                   config: str = "configs/tiny.yaml", timeout: float = 300) -> tuple[dict[str, dict], str]:
+    """train_many, and the job's stdout (the runs' lines, in order)."""
     specs = []
     for name, (run_dir, sets) in runs.items():
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        spec = run_dir.parent / f"{run_dir.name}.run.json"
+        spec = run_dir.parent / f"{run_dir.name}.{name}.run.json"  # runs may share a folder
         spec.write_text(json.dumps({"config": config, "run_dir": str(run_dir), "sets": list(sets)}))
         specs.append(str(spec))
     p = mpirun(n, ["tests/parallel/train_runs.py", *specs], timeout=timeout)
     assert p.returncode == 0, explain(p)
-    return {name: json.loads((run_dir / "summary.json").read_text()) for name, (run_dir, _) in runs.items()}
+    return ({name: json.loads((run_dir / "summary.json").read_text()) for name, (run_dir, _) in runs.items()},
+            p.stdout)
 
 
 def records(run_dir: Path, event: str) -> list[dict]:
