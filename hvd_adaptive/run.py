@@ -62,24 +62,34 @@ def check_inputs(cfg: Config, run_dir: Optional[str] = None) -> None:
     """The input errors a rank can see before MPI and TensorFlow start, each in one line.
 
     The names that registries own (train.algorithm, data.synth.preset), the data files'
-    existence and headers, and with checkpoint.resume auto (`--resume`) whether the newest
-    checkpoint in `run_dir` was taken by this algorithm with this window stream (seed,
-    window, training rows); config.py checked the rest when the config was built.
+    existence and headers, enough training rows for the ranks mpirun started, and with
+    checkpoint.resume auto (`--resume`) whether the newest checkpoint in `run_dir` was taken
+    by this algorithm with this window stream (seed, window, training rows); config.py
+    checked the rest when the config was built.
 
     Raises:
         ConfigError: an unknown algorithm or synthetic preset; a checkpoint of another run.
-        DataError: a data file that does not exist or whose header disagrees.
+        DataError: a data file that does not exist, whose header disagrees, or with fewer
+            training rows than ranks.
     """
     from hvd_adaptive.algorithms import check_name
     from hvd_adaptive.data import check_sources
 
     check_name(cfg)
-    rows = check_sources(cfg)
+    rows = check_sources(cfg, launched_ranks())
     if run_dir is not None and cfg.checkpoint.resume == "auto":
         from hvd_adaptive.checkpoint import check_before_start
 
         t = cfg.train
         check_before_start(run_dir, t.algorithm, [t.seed, t.window_samples, rows])
+
+
+def launched_ranks() -> Optional[int]:
+    """The job's size as OpenMPI's launcher (mpirun, horovodrun) tells each process before MPI
+    starts (OMPI_COMM_WORLD_SIZE); None elsewhere (srun, one process), where the trainer
+    checks the ranks against the rows once MPI has started."""
+    size = os.environ.get("OMPI_COMM_WORLD_SIZE", "")
+    return int(size) if size.isdigit() else None
 
 
 def quiet_tensorflow(verbose: bool) -> None:

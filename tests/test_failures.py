@@ -100,8 +100,23 @@ def test_more_ranks_than_rows(tmp_path, files):
     p = cli(["--run-dir", str(tmp_path / "r")]
             + sets(data__train=files / "two.txt", data__test=files / "test.txt", train__batch_size=1),
             ranks=3)
+    # Seen before MPI and TensorFlow start: the header's rows against mpirun's job size
+    # (run.launched_ranks), in one line (mpirun may end the other ranks before they print
+    # theirs), no run folder. After MPI starts the line would read "[rank r] error: ...".
     assert p.returncode != 0
-    assert f"{files / 'two.txt'}: only 2 training rows for 3 ranks" in p.stderr, p.stderr[-2000:]
+    line = f"hvd-adaptive: error: {files / 'two.txt'}: only 2 training rows for 3 ranks; run at most 2 ranks"
+    assert line in p.stderr and "Traceback" not in p.stderr and "[rank" not in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+
+
+def test_more_ranks_than_synthetic_rows_where_the_launcher_says_the_size():
+    from hvd_adaptive.config import load_config
+    from hvd_adaptive.data import DataError, check_sources
+
+    cfg, _ = load_config("configs/tiny.yaml", ["data.synth.n_train=2"])
+    assert check_sources(cfg, ranks=2) == 2 and check_sources(cfg) == 2
+    with pytest.raises(DataError, match="the synthetic training set: only 2 training rows for 3 ranks"):
+        check_sources(cfg, ranks=3)
 
 
 def test_batch_larger_than_data(tmp_path, files):

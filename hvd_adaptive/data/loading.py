@@ -42,6 +42,9 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
     return out if out is not None else load()
 
 
+SYNTHETIC = "the synthetic training set"  # where messages name the training file
+
+
 def synth_spec(cfg: Config) -> SynthSpec:
     """The synthetic data set's shape and seed from data.synth (a preset, scaled, overridden)."""
     s = cfg.data.synth
@@ -50,10 +53,11 @@ def synth_spec(cfg: Config) -> SynthSpec:
     return preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
 
 
-def check_sources(cfg: Config) -> Optional[int]:
+def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
     """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing
     file, and from XC files' headers (their first lines) a test file of another shape than the
-    training file or a batch larger than the training rows.
+    training file, a batch larger than the training rows, or fewer rows than `ranks` (the
+    job's size where the launcher told it, else None).
 
     Returns:
         The training rows where known without reading the data (synthetic, or a file with a
@@ -68,13 +72,16 @@ def check_sources(cfg: Config) -> Optional[int]:
         if d.synth.preset not in PRESETS:
             raise ConfigError(f"data.synth.preset: unknown preset {d.synth.preset!r}; "
                               f"known: {sorted(PRESETS)}")
-        return synth_spec(cfg).n_train
+        n = synth_spec(cfg).n_train
+        _check_ranks(n, ranks, SYNTHETIC)
+        return n
     for key, path in (("data.train", d.train), ("data.test", d.test)):
         if not os.path.isfile(path):
             raise DataError(f"{path}: data file not found ({key})")
     head = read_header(d.train, fmt=d.format)
     if head is not None:
         read_header(d.test, fmt=d.format, n_features=head[1], n_labels=head[2])
+        _check_ranks(head[0], ranks, d.train)
         _check_batch(cfg, head[0], d.train)
         return head[0]
     return None
@@ -82,10 +89,14 @@ def check_sources(cfg: Config) -> Optional[int]:
 
 def check_fits(cfg: Config, train_ds: Dataset, ranks: int) -> None:
     """Set-up errors that would otherwise surface as hangs or odd numbers mid-run."""
-    n, src = train_ds.n_rows, train_ds.source or "the synthetic training set"
-    if n < ranks:
-        raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
+    n, src = train_ds.n_rows, train_ds.source or SYNTHETIC
+    _check_ranks(n, ranks, src)
     _check_batch(cfg, n, src)
+
+
+def _check_ranks(n: int, ranks: Optional[int], src: str) -> None:
+    if ranks is not None and n < ranks:
+        raise DataError(f"{src}: only {n} training rows for {ranks} ranks; run at most {n} ranks")
 
 
 def _check_batch(cfg: Config, n: int, src: str) -> None:
