@@ -101,7 +101,9 @@ def quiet_tensorflow(verbose: bool) -> None:
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR".
     All are INFO messages, and TF_CPP_MIN_LOG_LEVEL, read when TensorFlow loads, filters them
     at their source: 2 keeps INFO and WARNING back and lets ERROR and FATAL through. A level the
-    environment already sets higher (3: errors hidden too) is kept; `verbose` sets 0.
+    environment already sets higher (3: errors hidden too) is kept; `verbose` sets 0. On hosts
+    where TensorFlow prints the oneDNN line whatever the level, hvd_adaptive.tfload filters the
+    import's INFO lines instead.
     """
     if "tensorflow" in sys.modules:  # too late: the level is read once, when TensorFlow loads
         return

@@ -6,16 +6,65 @@ for `hvd-adaptive report`, and importing pyplot took 0.6-0.7 s of every rank's s
 (TensorFlow and Horovod take about 4 s in all). So the first import of TensorFlow in a process
 sees matplotlib as absent (Keras then leaves its plotting helpers unset); right after it,
 matplotlib is importable again, for the report or anyone else.
-"""
-import sys
 
-if "tensorflow" not in sys.modules and "matplotlib" not in sys.modules:
+The first import also logs INFO lines through absl's C++ logging before absl is initialized
+("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+then "I0000 ... port.cc:153] oneDNN custom operations are on ..."). On some hosts TensorFlow
+2.21 writes them whatever TF_CPP_MIN_LOG_LEVEL says (seen on an AMD EPYC host: level 3 still
+printed them). So where TF_CPP_MIN_LOG_LEVEL asks for quiet (1 or more: INFO filtered, as
+TensorFlow documents it), the import's stderr goes through `start_up_filter`, which drops those
+INFO lines and absl's notice and passes everything else on (warnings, errors, tracebacks).
+"""
+import os
+import re
+import sys
+import tempfile
+
+# absl's INFO prefix (severity I, MMDD, time, thread, file:line]; before absl's initialization
+# the date reads 0000 and the time 00:00:<seconds since 1970>) and its pre-initialization notice.
+_INFO = re.compile(rb"^I\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
+_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+
+
+def start_up_filter(text: bytes) -> bytes:
+    """The lines of `text` that are not absl INFO lines nor absl's pre-initialization notice."""
+    kept = [line for line in text.splitlines(keepends=True)
+            if not _INFO.match(line) and line.rstrip(b"\r\n") != _NOTICE]
+    return b"".join(kept)
+
+
+def _quiet() -> bool:
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "")
+    return level.isdigit() and int(level) >= 1
+
+
+def _import_tensorflow() -> None:
+    """The first import of TensorFlow: without matplotlib, its start-up lines filtered if quiet."""
     sys.modules["matplotlib"] = None  # an import of matplotlib or its parts raises ImportError
+    saved = None
+    capture = tempfile.TemporaryFile() if _quiet() else None
     try:
+        if capture is not None:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            os.dup2(capture.fileno(), 2)
         import tensorflow  # noqa: F401
     finally:
         if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
             del sys.modules["matplotlib"]
+        if capture is not None:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            rest = start_up_filter(capture.read())
+            capture.close()
+            if rest:
+                os.write(2, rest)
+
+
+if "tensorflow" not in sys.modules and "matplotlib" not in sys.modules:
+    _import_tensorflow()
 
 import tensorflow as tf  # noqa: E402
 

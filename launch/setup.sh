@@ -114,7 +114,8 @@ fi
 "$PY" - <<'PYEOF'
 import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf, horovod, horovod.tensorflow as hvd, mpi4py, numpy, scipy
+from hvd_adaptive.tfload import tf  # its start-up lines filtered as in every run
+import horovod, horovod.tensorflow as hvd, mpi4py, numpy, scipy
 print(f"[setup] ok: tensorflow {tf.__version__}, horovod {horovod.__version__} "
       f"(mpi built: {hvd.mpi_built()}), mpi4py {mpi4py.__version__}, numpy {numpy.__version__}, "
       f"scipy {scipy.__version__}")

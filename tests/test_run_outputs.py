@@ -98,6 +98,24 @@ def test_verbose_shows_them():
     assert start_up_lines(p.stderr), p.stderr[-3000:]
 
 
+def test_start_up_filter_drops_absl_info_lines_and_keeps_the_rest():
+    """What hvd_adaptive.tfload keeps of the first TensorFlow import's stderr where quiet is asked
+    for (on hosts where TensorFlow prints its start-up lines whatever TF_CPP_MIN_LOG_LEVEL says)."""
+    from hvd_adaptive.tfload import start_up_filter
+
+    notice = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    info = (b"I0000 00:00:1795553424.558654    6481 port.cc:153] oneDNN custom operations are on. "
+            b"You may see slightly different numerical results.\n")
+    info_dated = b"I1124 20:37:25.123456  812 cpu_feature_guard.cc:227] This TensorFlow binary\n"
+    keep = [b"W0000 00:00:1795553424.6    6481 loader.cc:12] a warning stays\n",
+            b"E1124 20:37:25.5  812 op.cc:9] an error stays\n",
+            b"Traceback (most recent call last):\n", b"ImportError: I0000 is not a prefix here\n",
+            b"some INFO text that is not absl's\n"]
+    text = notice + info + keep[0] + notice + info_dated + b"".join(keep[1:])
+    assert start_up_filter(text) == b"".join(keep)
+    assert start_up_filter(b"") == b""
+
+
 def test_new_run_replaces_old_events_resumed_run_adds(tmp_path):
     from hvd_adaptive.runlog import RunLog
 
