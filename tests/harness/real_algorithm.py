@@ -3,6 +3,8 @@
 The checks import this module by name: the harness's mpi_env puts tests/harness on PYTHONPATH
 when mpirun starts `python tests/parallel/check_*.py`.
 """
+import time
+
 import numpy as np
 
 from hvd_adaptive import algorithms
@@ -30,12 +32,14 @@ def build(cfg, c, train, ready: bool = True):
 
 class RowSpy:
     """Stands in for `make_batch` in the given modules and records the rows of every batch
-    built while `recording` is true (in `used`, one array per batch)."""
+    built while `recording` is true (in `used`, one array per batch) and when it was built
+    (in `times`, time.perf_counter() seconds)."""
 
     def __init__(self, *modules):
         self.real = modules[0].make_batch
         self.modules = modules
         self.used: list[np.ndarray] = []
+        self.times: list[float] = []
         self.recording = False
         for m in modules:
             m.make_batch = self
@@ -48,4 +52,5 @@ class RowSpy:
     def __call__(self, ds, rows):
         if self.recording:
             self.used.append(np.array(rows))
+            self.times.append(time.perf_counter())
         return self.real(ds, rows)

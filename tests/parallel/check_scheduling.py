@@ -9,7 +9,12 @@ Drives the real algorithm through one epoch of the tiny config; a spy around the
 builder records the rows of every batch trained. Checks: every row of the epoch is used exactly
 once across ranks (which rows, not only how many: a duplicated row and a dropped one would keep
 the count). For adaptive (batch sizes pinned, so only scheduling decides who takes what): no
-batch is under half the batch size, and the fast rank takes clearly more batches. For auto
+batch is under half the batch size, and the fast rank takes more batches in proportion to its
+speed as measured in the same run (each rank's mean time from one batch to its next within a
+window: every cost of a batch, the fixed ones included), so both ranks are busy for about as
+long (batches x time a batch within 20%; an equal split would leave the fast rank busy for 1 /
+speed of the slow one's time), where the speed ratio shows the 2x slowdown took effect (above
+1.25). For auto
 (windows of 256 rows, the other mode probed after two windows without it, so modes alternate):
 every window's mode is the rule's (auto.choose_mode) from the rows/s the earlier windows
 measured and allgathered.
@@ -27,7 +32,11 @@ def check(name: str, c) -> None:
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
         "hogbatch.round_epochs=0.25",
         *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5",
-           "auto.shard_update=true"] if name == "auto" else [])])
+           "auto.shard_update=true"] if name == "auto" else []),
+        # Steps of several ms (the tiny config's take about 1.5 ms on a fast host), so that the
+        # windows' start and end, not the speeds, do not decide the split.
+        *(["data.synth.n_labels=2000", "model.hidden=[256]", "data.synth.n_train=4000",
+           "train.window_samples=2048"] if name == "adaptive" else [])])
     import tensorflow as tf
     from hvd_adaptive.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
@@ -39,14 +48,18 @@ def check(name: str, c) -> None:
         algo = build(cfg, c, train)
         c.comm.Barrier()  # as the trainer's calibration allgather: start the clock together
         spy.recording = True
-        windows, modes = [], []
+        windows, modes, marks = [], [], [0]
         while (stats := algo.run_round()) is not None:
+            marks.append(len(spy.times))
             windows.append(c.comm.allgather(stats.batches))
             modes.append(c.comm.allgather((stats.extra.get("mode"), stats.extra.get("mode_rows_s"))))
         spy.recording = False
         spy.restore()
     everyone = c.comm.gather(np.concatenate(spy.used), root=0)
     smallest = c.comm.gather(min(len(u) for u in spy.used), root=0)
+    # This rank's time from one batch to its next, within windows (a merge lies between windows).
+    gaps = np.concatenate([np.zeros(0)] + [np.diff(spy.times[a:b]) for a, b in zip(marks, marks[1:])])
+    periods = c.comm.gather(float(np.mean(gaps)) if gaps.size else float("nan"), root=0)
     if c.is_root:
         rows = np.sort(np.concatenate(everyone))
         assert np.array_equal(rows, np.arange(train.n_rows)), \
@@ -56,7 +69,12 @@ def check(name: str, c) -> None:
             # 64, which the last claim must take with it instead of training a 16-row batch.
             assert min(smallest) >= 32, f"a batch of {min(smallest)} rows (under half of 64)"
             fast, slow = np.sum(windows, axis=0)
-            assert fast >= 1.5 * slow, f"fast rank {fast} batches, slow rank {slow}: {windows}"
+            speed = periods[1] / periods[0]  # how much faster rank 0 ran a batch, this run
+            busy = fast * periods[0] / (slow * periods[1])  # rank 0's busy time over rank 1's
+            explain = (f"fast rank {fast} batches, slow rank {slow} ({windows}); a batch every "
+                       f"{periods[0] * 1e3:.1f} / {periods[1] * 1e3:.1f} ms; busy ratio {busy:.2f}")
+            assert speed > 1.25, f"the slowdown did not take effect: {explain}"
+            assert 0.8 <= busy <= 1.25, f"not in proportion to speed {speed:.2f}: {explain}"
         if name == "auto":
             from hvd_adaptive.balance import choose_mode
 
@@ -71,8 +89,8 @@ def check(name: str, c) -> None:
                 seen.append(mode)
             switches = sum(a != b for a, b in zip(seen, seen[1:]))
             assert switches >= 3, f"modes {seen}: gradient and averaging windows should alternate"
-        print(f"scheduling ok ({name}): {train.n_rows} rows once each; window batches {windows}",
-              flush=True)
+        print(f"scheduling ok ({name}): {train.n_rows} rows once each; window batches {windows}; "
+              f"a batch every {' / '.join(f'{p * 1e3:.1f}' for p in periods)} ms", flush=True)
 
 
 if __name__ == "__main__":
