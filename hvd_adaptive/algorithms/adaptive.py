@@ -60,9 +60,9 @@ class Adaptive(Algorithm):
         broadcast_variables(self.variables)
         broadcast_variables(self.opt.slot_variables())
         self.merge.reset_anchor()
-        # Replicas are equal now, so a merge is a no-op that pays Horovod's first-use cost
-        # before the clock starts.
-        self.merge(1.0 / self.cluster.size)
+        # Replicas are equal now: a merge of every row changes nothing and pays the first use
+        # of the merge's buffers before the clock starts.
+        self.merge.warm_up(1.0 / self.cluster.size)
         if self.adaptive_cfg.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)

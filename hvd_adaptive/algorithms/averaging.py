@@ -52,7 +52,7 @@ class LocalSGD(_Averaging):
     def setup(self) -> None:
         super().setup()
         self.merge.reset_anchor()
-        self.merge(1.0 / self.cluster.size)  # replicas are equal: a no-op that warms Horovod up
+        self.merge.warm_up(1.0 / self.cluster.size)  # replicas are equal: changes nothing
 
     def train_window(self, w: Window) -> RoundStats:
         stats = self.train_local_share(w)
