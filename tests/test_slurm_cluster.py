@@ -102,3 +102,16 @@ def test_sweep_sbatch_runs_one_point_per_array_element(cluster, stand_in_venv):
         expected = (f"rank=0 args=-m hvd_adaptive.cli sweep run configs/sweep.yaml "
                     f"--index {index} --dry-run")
         assert expected in text.splitlines(), _explain(cluster, result) + "\n" + text
+
+
+def test_the_clusters_ports_lie_below_the_ephemeral_range():
+    """Ports the kernel picks for connections inside the namespaced nodes cannot be the ones a
+    node's slurmd must bind there (slurm_cluster._free_port)."""
+    from slurm_cluster import _ephemeral_ports, _free_port
+
+    lo, _ = _ephemeral_ports()
+    ports = {_free_port() for _ in range(20)}
+    assert all(1024 <= p < lo for p in ports), (sorted(ports), lo)
+    for p in ports:  # free here when picked
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", p))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -53,10 +54,31 @@ def slurm_available() -> bool:
     return True
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (connections' local ends)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free here and below the ephemeral range. The namespaced nodes' slurmds bind it in
+    their own network namespaces, where this process cannot look: an ephemeral port was once
+    taken there by a connection of an earlier multi-node job ("Unable to bind listen port
+    (43689): Address already in use"). Ports outside that range are only ever bound on purpose."""
+    lo, _ = _ephemeral_ports()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, lo - 12000), lo)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found in {max(1024, lo - 12000)}-{lo - 1}")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
