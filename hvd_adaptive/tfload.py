@@ -39,8 +39,10 @@ def _quiet() -> bool:
 
 
 def _import_tensorflow() -> None:
-    """The first import of TensorFlow: without matplotlib, its start-up lines filtered if quiet."""
-    sys.modules["matplotlib"] = None  # an import of matplotlib or its parts raises ImportError
+    """The first import of TensorFlow: without matplotlib (unless something imported it
+    already), its start-up lines filtered if quiet."""
+    if "matplotlib" not in sys.modules:
+        sys.modules["matplotlib"] = None  # an import of matplotlib or its parts raises ImportError
     saved = None
     capture = tempfile.TemporaryFile() if _quiet() else None
     try:
@@ -63,7 +65,7 @@ def _import_tensorflow() -> None:
                 os.write(2, rest)
 
 
-if "tensorflow" not in sys.modules and "matplotlib" not in sys.modules:
+if "tensorflow" not in sys.modules:
     _import_tensorflow()
 
 import tensorflow as tf  # noqa: E402

@@ -116,6 +116,16 @@ def test_start_up_filter_drops_absl_info_lines_and_keeps_the_rest():
     assert start_up_filter(b"") == b""
 
 
+def test_start_up_lines_filtered_also_when_matplotlib_came_first():
+    """A program that imported matplotlib before the package loads TensorFlow (pyplot's import
+    is then its own business) still gets TensorFlow's start-up lines filtered."""
+    code = "import matplotlib\nfrom hvd_adaptive.tfload import tf\ntf.constant(1.0) + 1"
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
+
+
 def test_new_run_replaces_old_events_resumed_run_adds(tmp_path):
     from hvd_adaptive.runlog import RunLog
 
