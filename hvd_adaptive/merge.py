@@ -157,10 +157,10 @@ class Merge:
         """A merge of every row, for replicas that are equal (right after the broadcast): it
         leaves them as they are (a weighted average of equal values, up to float rounding) but
         pays the first use of the merge's largest buffers, TensorFlow's, Horovod's and the
-        memory pages behind them, before the clock starts. A merge of the first window's rows
-        only (its union) used to pay it inside the first window: 5.6-6.5 s against 1.9-2.4 s
-        for the later windows' merges (8 ranks at 67,009 labels, docs/benchmark.md). Every mask
-        is marked for it and cleared after it."""
+        memory pages behind them, before the clock starts. A warm-up of the union alone (empty
+        then) left that to the first window's merge, which took about 2.5x the later ones at 8
+        ranks and 67,009 labels (docs/benchmark.md). Every mask is marked for it and cleared
+        after it."""
         for m in self.model.touched.masks:
             m.assign(tf.ones_like(m))
         self(weight)
