@@ -148,6 +148,14 @@ class SparseMLP(tf.Module):
         return [v for pair in zip(self.layers, self.biases) for v in pair]
 
     @property
+    def row_axes(self) -> list[Optional[int]]:
+        """Per variable of `variables_list`: the axis whose entries are its rows (features or
+        labels) for a 2-D layer with a mask, else None (hidden layers, biases). The row-wise
+        optimizer keeps one accumulator per entry of that axis."""
+        return [rm.axis if rm is not None and len(v.shape) == 2 else None
+                for v, rm in zip(self.variables_list, self.row_masks)]
+
+    @property
     def row_masks(self) -> list[Optional[RowMask]]:
         """Per variable of `variables_list`: the mask of `touched` that indexes its rows, or None
         for the hidden layers and their biases (every step changes them whole)."""
@@ -260,24 +268,48 @@ def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
 
 
 class Optimizer(tf.Module):
-    """SGD, momentum, Adam and Adagrad with lazy (row-sparse) updates for IndexedSlices.
+    """SGD, momentum, Adam, Adagrad and row-wise Adagrad with lazy (row-sparse) updates for
+    IndexedSlices.
 
     SGD, momentum and Adagrad use TensorFlow's fused kernels (ResourceApply* and
     ResourceSparseApply*); Adam, which has no lazy kernel, is written out here. Duplicate rows
     of a sparse gradient are summed first, so per-row state updates once per step.
 
+    Row-wise Adagrad (rowwise_adagrad) keeps one accumulator per row of the layers that have
+    rows (`row_axes`: the input layer's features, the output layer's labels), the mean of the
+    row's squared gradient, and Adagrad's per-entry accumulator elsewhere (hidden layers,
+    biases):
+
+        acc[r] += mean_j g[r, j]^2;  var[r, j] -= lr g[r, j] / (sqrt(acc[r]) + eps)
+
+    Its state is one value a row instead of one a weight: about half of what adaptive SGD's
+    merges move with merged optimizer state (adaptive.opt_state: average) at XMC shapes, where
+    the two big layers are most of the model.
+
     The learning rate is a tf.Variable so per-rank schedules change it without retracing.
     Weight decay is added to the gradient of the parameters an update touches.
     """
 
-    def __init__(self, variables: Sequence[tf.Variable], cfg: OptimConfig):
+    def __init__(self, variables: Sequence[tf.Variable], cfg: OptimConfig,
+                 row_axes: Optional[Sequence[Optional[int]]] = None):
         super().__init__(name="optimizer")
         self.cfg = cfg
         self.lr = tf.Variable(cfg.lr, dtype=tf.float32, trainable=False, name="lr")
         self.t = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="t")
-        nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2}[cfg.name]
-        self.slots = [[tf.Variable(tf.zeros_like(v), trainable=False) for _ in range(nslots)]
-                      for v in variables]
+        self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
+        if cfg.name == "rowwise_adagrad" and not any(a is not None for a in self.row_axes):
+            raise ValueError("rowwise_adagrad needs the row axes of the model's layers (row_axes)")
+        nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
+        self.slots = [[tf.Variable(tf.zeros(self._slot_shape(v, axis)), trainable=False)
+                       for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
+
+    def _slot_shape(self, v: tf.Variable, axis: Optional[int]) -> list[int]:
+        """A weight's shape, or for row-wise Adagrad's layers with rows one value a row, kept
+        2-D ([rows, 1] or [1, rows]) so it broadcasts against the layer and merges by row."""
+        shape = list(v.shape)
+        if self.cfg.name == "rowwise_adagrad" and axis is not None:
+            shape[1 - axis] = 1
+        return shape
 
     def slot_variables(self) -> list[tf.Variable]:
         return [s for group in self.slots for s in group] + [self.t]
@@ -285,7 +317,7 @@ class Optimizer(tf.Module):
     def apply(self, grads, variables) -> None:
         c = self.cfg
         self.t.assign_add(1.0)
-        for g, v, slots in zip(grads, variables, self.slots):
+        for g, v, slots, axis in zip(grads, variables, self.slots, self.row_axes):
             if g is None:
                 continue
             sparse = isinstance(g, tf.IndexedSlices)
@@ -296,8 +328,11 @@ class Optimizer(tf.Module):
                 idx, gv, cur = None, g, v
             if c.weight_decay > 0:
                 gv = gv + c.weight_decay * cur
-            if c.name in _FUSED:
-                self._fused(c.name, v, slots, gv, idx)
+            if c.name == "rowwise_adagrad" and axis is not None:
+                self._rowwise(v, slots[0], gv, idx, axis)
+                continue
+            if c.name in _FUSED or c.name == "rowwise_adagrad":
+                self._fused("adagrad" if c.name == "rowwise_adagrad" else c.name, v, slots, gv, idx)
                 continue
             # Adam has no lazy (row-sparse) kernel in TensorFlow: its rows are updated here.
             m = c.beta1 * self._read(slots[0], idx) + (1 - c.beta1) * gv
@@ -335,6 +370,19 @@ class Optimizer(tf.Module):
             else:
                 tf.raw_ops.ResourceSparseApplyAdagradV2(var=v.handle, accum=slots[0].handle, lr=lr,
                                                         epsilon=eps, grad=g, indices=idx)
+
+    def _rowwise(self, v, acc, g, idx, axis: int) -> None:
+        """Row-wise Adagrad on a layer whose rows lie along `axis` (sparse gradients: axis 0)."""
+        if idx is not None and axis != 0:
+            raise ValueError("a row-sparse gradient indexes axis 0; this layer's rows are axis 1")
+        lr = tf.cast(self.lr, v.dtype)
+        grown = self._read(acc, idx) + tf.reduce_mean(tf.square(g), axis=1 - axis, keepdims=True)
+        self._write(acc, idx, grown)
+        step = g * (lr / (tf.sqrt(grown) + self.cfg.eps))
+        if idx is None:
+            v.assign_sub(step)
+        else:
+            v.scatter_sub(tf.IndexedSlices(step, idx))
 
     @staticmethod
     def _read(slot, idx):

@@ -113,6 +113,46 @@ def test_fused_kernels_follow_the_update_formulas(name):
     np.testing.assert_allclose(table.numpy(), want_t, rtol=1e-5, atol=1e-6)
 
 
+def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse():
+    """One accumulator per row (the mean of the row's squared gradient) on layers with rows,
+    along axis 1 (the full softmax's [hidden x labels]) and axis 0 (row-sparse, duplicates
+    summed); Adagrad's per-entry accumulator on a layer without rows."""
+    rng = np.random.default_rng(5)
+    out, table, bias = (tf.Variable(rng.normal(size=s).astype(np.float32)) for s in ((3, 4), (6, 2), (4,)))
+    opt = Optimizer([out, table, bias], OptimConfig(name="rowwise_adagrad", lr=0.1, eps=1e-7),
+                    row_axes=[1, 0, None])
+    assert [s[0].shape.as_list() for s in opt.slots] == [[1, 4], [6, 1], [4]]
+    want = [x.numpy().astype(np.float64) for x in (out, table, bias)]
+    acc = [np.zeros(s[0].shape) for s in opt.slots]
+    for _ in range(3):
+        go, gb = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+        rows = np.array([4, 1, 4])  # row 4 twice: its two gradients are summed first
+        gt = rng.normal(size=(3, 2)).astype(np.float32)
+        opt.apply([tf.constant(go), tf.IndexedSlices(tf.constant(gt), tf.constant(rows, tf.int64),
+                                                    tf.constant([6, 2], tf.int64)), tf.constant(gb)],
+                  [out, table, bias])
+        summed = np.zeros((6, 2))
+        np.add.at(summed, rows, gt)
+        acc[0] += (go.astype(np.float64) ** 2).mean(axis=0, keepdims=True)
+        want[0] -= 0.1 * go / (np.sqrt(acc[0]) + 1e-7)
+        acc[1][[1, 4]] += (summed[[1, 4]] ** 2).mean(axis=1, keepdims=True)
+        want[1][[1, 4]] -= 0.1 * summed[[1, 4]] / (np.sqrt(acc[1][[1, 4]]) + 1e-7)
+        acc[2] += gb.astype(np.float64) ** 2
+        want[2] -= 0.1 * gb / (np.sqrt(acc[2]) + 1e-7)
+    for got, w, a, s in zip((out, table, bias), want, acc, opt.slots):
+        np.testing.assert_allclose(got.numpy(), w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s[0].numpy(), a, rtol=1e-5, atol=1e-7)
+
+
+def test_rowwise_adagrad_keeps_one_value_a_row_of_the_models_big_layers():
+    m = SparseMLP(30, 20, ModelConfig(hidden=[8, 6], init_seed=1))
+    assert m.row_axes == [0, None, None, None, 1, None]
+    opt = Optimizer(m.variables_list, OptimConfig(name="rowwise_adagrad"), m.row_axes)
+    assert [s[0].shape.as_list() for s in opt.slots] == [[30, 1], [8], [8, 6], [6], [1, 20], [20]]
+    with pytest.raises(ValueError, match="row axes"):
+        Optimizer(m.variables_list, OptimConfig(name="rowwise_adagrad"))
+
+
 # ---- sampled output layer -------------------------------------------------------------------
 
 def sampled_model(n_labels=40, negatives=6, sampler="uniform", hidden=(5,), seed=4):

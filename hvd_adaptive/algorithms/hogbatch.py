@@ -80,7 +80,8 @@ class Hogbatch(Algorithm):
             # Untested here (no GPU on these machines).
             with tf.device(self.worker_device):
                 model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model)
-                ctx = dataclasses.replace(ctx, model=model, opt=Optimizer(model.variables_list, cfg.optim))
+                opt = Optimizer(model.variables_list, cfg.optim, model.row_axes)
+                ctx = dataclasses.replace(ctx, model=model, opt=opt)
         super().__init__(ctx)
         h = cfg.hogbatch
         bad = [r for r in h.cpu_ranks if r >= cluster.size]
