@@ -112,8 +112,9 @@ class ModelConfig:
 class OptimConfig:
     name: Literal["sgd", "momentum", "adam", "adagrad", "rowwise_adagrad"] = "sgd"
     """Per-rank optimizer; input-layer updates are row-sparse (lazy) for all of them.
-    rowwise_adagrad: Adagrad with one accumulator per feature row of the input layer and per
-    label of the output layer (model.Optimizer), a fraction of Adagrad's state to merge."""
+    rowwise_adagrad: Adagrad with one accumulator a row on the row-sparse layers (the input
+    layer's features; the sampled output layer's labels) and Adagrad's elsewhere
+    (model.Optimizer): less optimizer state for adaptive SGD's merges to move."""
     lr: float = 0.5
     """Base learning rate (lr0 of the papers: the rate at the largest batch)."""
     momentum: float = 0.9
@@ -482,12 +483,6 @@ class Config:
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
-        sharded = self.sync.shard_update or (self.train.algorithm == "auto" and self.auto.shard_update)
-        if self.optim.name == "rowwise_adagrad" and sharded:
-            key = "sync.shard_update" if self.sync.shard_update else "auto.shard_update"
-            raise ConfigError(f"optim.name: rowwise_adagrad does not combine with {key}: a rank's "
-                              "slice of the output layer has only some of each label's weights, "
-                              f"and the row-wise accumulator needs them all; set {key}=false")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

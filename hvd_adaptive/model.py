@@ -149,10 +149,10 @@ class SparseMLP(tf.Module):
 
     @property
     def row_axes(self) -> list[Optional[int]]:
-        """Per variable of `variables_list`: the axis whose entries are its rows (features or
-        labels) for a 2-D layer with a mask, else None (hidden layers, biases). The row-wise
-        optimizer keeps one accumulator per entry of that axis."""
-        return [rm.axis if rm is not None and len(v.shape) == 2 else None
+        """Per variable of `variables_list`: 0 for the row-sparse 2-D layers, whose steps read
+        and update rows (the input layer's features; the sampled output layer's labels), else
+        None. The row-wise optimizer keeps one accumulator a row there."""
+        return [0 if rm is not None and rm.sparse and len(v.shape) == 2 else None
                 for v, rm in zip(self.variables_list, self.row_masks)]
 
     @property
@@ -275,16 +275,17 @@ class Optimizer(tf.Module):
     ResourceSparseApply*); Adam, which has no lazy kernel, is written out here. Duplicate rows
     of a sparse gradient are summed first, so per-row state updates once per step.
 
-    Row-wise Adagrad (rowwise_adagrad) keeps one accumulator per row of the layers that have
-    rows (`row_axes`: the input layer's features, the output layer's labels), the mean of the
-    row's squared gradient, and Adagrad's per-entry accumulator elsewhere (hidden layers,
-    biases):
+    Row-wise Adagrad (rowwise_adagrad) keeps one accumulator a row on the row-sparse layers
+    (`row_axes`, SparseMLP.row_axes: the input layer's features, the sampled output layer's
+    labels), the mean of the row's squared gradient, and Adagrad's per-weight accumulator
+    elsewhere (hidden and dense output layers, biases):
 
         acc[r] += mean_j g[r, j]^2;  var[r, j] -= lr g[r, j] / (sqrt(acc[r]) + eps)
 
-    Its state is one value a row instead of one a weight: about half of what adaptive SGD's
-    merges move with merged optimizer state (adaptive.opt_state: average) at XMC shapes, where
-    the two big layers are most of the model.
+    The input layer's state is then one value a feature instead of one a weight, which
+    adaptive SGD's merges carry with the model (adaptive.opt_state: average). A row-wise
+    accumulator per label on the full softmax's dense output layer cost sync 45% more rows to
+    the target at 67,009 labels (docs/benchmark.md), so that layer keeps Adagrad's.
 
     The learning rate is a tf.Variable so per-rank schedules change it without retracing.
     Weight decay is added to the gradient of the parameters an update touches.
@@ -296,12 +297,17 @@ class Optimizer(tf.Module):
         self.cfg = cfg
         self.lr = tf.Variable(cfg.lr, dtype=tf.float32, trainable=False, name="lr")
         self.t = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="t")
-        self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
-        if cfg.name == "rowwise_adagrad" and not any(a is not None for a in self.row_axes):
+        if cfg.name == "rowwise_adagrad" and row_axes is None:
             raise ValueError("rowwise_adagrad needs the row axes of the model's layers (row_axes)")
+        self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
         nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
         self.slots = [[tf.Variable(tf.zeros(self._slot_shape(v, axis)), trainable=False)
                        for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
+
+    @classmethod
+    def for_model(cls, model: "SparseMLP", cfg: OptimConfig) -> "Optimizer":
+        """The optimizer of a model's variables, with the model's row axes."""
+        return cls(model.variables_list, cfg, model.row_axes)
 
     def _slot_shape(self, v: tf.Variable, axis: Optional[int]) -> list[int]:
         """A weight's shape, or for row-wise Adagrad's layers with rows one value a row, kept

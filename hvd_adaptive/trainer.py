@@ -67,7 +67,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
     with tf.device(cluster.device):
         model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model,
                           label_freq=train_ds.label_frequencies())
-        opt = Optimizer(model.variables_list, cfg.optim, model.row_axes)
+        opt = Optimizer.for_model(model, cfg.optim)
         algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
         algo.setup()
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)

@@ -167,9 +167,3 @@ def test_resolve_keeps_values_that_were_given():
     cfg, _ = load_config(None, ["train.threads=2"])
     assert resolve(cfg, threads=3).hogbatch.cpu_threads == 2  # as train.threads
 
-
-def test_rowwise_adagrad_refuses_the_sharded_update():
-    for sets in (["sync.shard_update=true"], ["train.algorithm=auto", "auto.shard_update=true"]):
-        with pytest.raises(ConfigError, match=f"rowwise_adagrad does not combine with {sets[-1].split('=')[0]}"):
-            load_config(None, ["optim.name=rowwise_adagrad", *sets])
-    assert load_config(None, ["optim.name=rowwise_adagrad", "train.algorithm=auto"])[0].optim.name == "rowwise_adagrad"

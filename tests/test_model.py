@@ -144,11 +144,14 @@ def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse():
         np.testing.assert_allclose(s[0].numpy(), a, rtol=1e-5, atol=1e-7)
 
 
-def test_rowwise_adagrad_keeps_one_value_a_row_of_the_models_big_layers():
+def test_rowwise_adagrad_keeps_one_value_a_row_of_the_row_sparse_layers():
+    """The input layer (and the sampled output layer) have one accumulator a row; the full
+    softmax's dense output layer keeps Adagrad's, one a weight."""
     m = SparseMLP(30, 20, ModelConfig(hidden=[8, 6], init_seed=1))
-    assert m.row_axes == [0, None, None, None, 1, None]
+    assert m.row_axes == [0, None, None, None, None, None]
     opt = Optimizer(m.variables_list, OptimConfig(name="rowwise_adagrad"), m.row_axes)
-    assert [s[0].shape.as_list() for s in opt.slots] == [[30, 1], [8], [8, 6], [6], [1, 20], [20]]
+    assert [s[0].shape.as_list() for s in opt.slots] == [[30, 1], [8], [8, 6], [6], [6, 20], [20]]
+    assert sampled_model().row_axes == [0, None, 0, None]
     with pytest.raises(ValueError, match="row axes"):
         Optimizer(m.variables_list, OptimConfig(name="rowwise_adagrad"))
 

@@ -80,7 +80,7 @@ class Hogbatch(Algorithm):
             # Untested here (no GPU on these machines).
             with tf.device(self.worker_device):
                 model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model)
-                opt = Optimizer(model.variables_list, cfg.optim, model.row_axes)
+                opt = Optimizer.for_model(model, cfg.optim)
                 ctx = dataclasses.replace(ctx, model=model, opt=opt)
         super().__init__(ctx)
         h = cfg.hogbatch

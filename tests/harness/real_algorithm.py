@@ -22,7 +22,7 @@ def build(cfg, c, train, ready: bool = True):
         ready: Also set it up and trace its steps (the trainer's order), else only construct.
     """
     model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-    algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer(model.variables_list, cfg.optim),
+    algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer.for_model(model, cfg.optim),
                                                train, Heterogeneity(cfg.hetero, c.rank)))
     if ready:
         algo.setup()

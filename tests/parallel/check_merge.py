@@ -40,6 +40,9 @@ MODES = {
     "dense_sampled": [*NORM, *SAMPLED, "merge.sparse=false"],
     "float16": [*NORM, *SAMPLED, "merge.dtype=float16"],
     "chunked": [*NORM, *SAMPLED, "merge.chunk_mb=0.02"],  # several allreduces a merge
+    # One optimizer value a row of the input and the sampled output layer: their [rows x 1]
+    # accumulators travel as rows.
+    "rowwise": [*NORM, *SAMPLED, "optim.name=rowwise_adagrad"],
 }
 
 

@@ -92,7 +92,7 @@ def check(case: str, c) -> None:
             assert late[0] > 1.5 * late[1], f"the split never favoured the fast rank: {splits}"
         # One process, the same global batches.
         ref = SparseMLP(train.n_features, train.n_labels, cfg.model)
-        opt = Optimizer(ref.variables_list, cfg.optim)
+        opt = Optimizer.for_model(ref, cfg.optim)
         perm = epoch_permutation(train.n_rows, cfg.train.seed, 0)
         step_rows = cfg.train.batch_size * c.size
         s = cfg.train.window_samples
