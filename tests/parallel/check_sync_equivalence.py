@@ -30,7 +30,8 @@ def check(case: str, c) -> None:
     # Adagrad's accumulators start at 0, so a row's first step is lr x sign(g): for a gradient
     # of float-noise size the summation order of two processes decides it. eps 0.01 damps steps
     # of gradients far below it, so the comparison sees the update rule, not the noise.
-    opt_sets = {"sgd": ["optim.lr=0.5"], "adagrad": ["optim.lr=0.1", "optim.eps=0.01"]}[optimizer]
+    adagrad = ["optim.lr=0.1", "optim.eps=0.01"]
+    opt_sets = {"sgd": ["optim.lr=0.5"], "adagrad": adagrad, "rowwise_adagrad": adagrad}[optimizer]
     algorithm = ["train.algorithm=sync", "sync.partition=proportional", "sync.shard_update=true"] \
         if partition == "sharded" else ["train.algorithm=sync", f"sync.partition={partition}"]
     cfg, _ = load_config("configs/tiny.yaml", [
