@@ -230,7 +230,8 @@ class ShardedUpdate:
         if not np.array_equal(got, np.arange(self.lo, self.hi)):
             raise RuntimeError(f"reduce-scatter gave rows {got.tolist()}: not one contiguous block")
         self.part = tf.Variable(self.full[self.lo:self.hi], trainable=False, name="shard")
-        self.opt = Optimizer([self.part], algo.cfg.optim, row_axes=[None])  # a dense layer's rows
+        # A slice of the dense output layer: per-weight state under every optimizer.
+        self.opt = Optimizer([self.part], algo.cfg.optim, row_axes=[None])
 
         @tf.function(reduce_retracing=True, autograph=False)
         def reduce(grads):
