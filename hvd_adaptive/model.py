@@ -334,11 +334,14 @@ class Optimizer(tf.Module):
                 idx, gv, cur = None, g, v
             if c.weight_decay > 0:
                 gv = gv + c.weight_decay * cur
-            if c.name == "rowwise_adagrad" and axis is not None:
-                self._rowwise(v, slots[0], gv, idx, axis)
+            if c.name == "rowwise_adagrad":  # Adagrad's kernels on the layers without rows
+                if axis is None:
+                    self._fused("adagrad", v, slots, gv, idx)
+                else:
+                    self._rowwise(v, slots[0], gv, idx, axis)
                 continue
-            if c.name in _FUSED or c.name == "rowwise_adagrad":
-                self._fused("adagrad" if c.name == "rowwise_adagrad" else c.name, v, slots, gv, idx)
+            if c.name in _FUSED:
+                self._fused(c.name, v, slots, gv, idx)
                 continue
             # Adam has no lazy (row-sparse) kernel in TensorFlow: its rows are updated here.
             m = c.beta1 * self._read(slots[0], idx) + (1 - c.beta1) * gv
