@@ -166,4 +166,3 @@ def test_resolve_keeps_values_that_were_given():
     assert resolve(r, threads=5) == r
     cfg, _ = load_config(None, ["train.threads=2"])
     assert resolve(cfg, threads=3).hogbatch.cpu_threads == 2  # as train.threads
-

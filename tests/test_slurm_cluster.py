@@ -107,9 +107,9 @@ def test_sweep_sbatch_runs_one_point_per_array_element(cluster, stand_in_venv):
 def test_the_clusters_ports_lie_below_the_ephemeral_range():
     """Ports the kernel picks for connections inside the namespaced nodes cannot be the ones a
     node's slurmd must bind there (slurm_cluster._free_port)."""
-    from slurm_cluster import _ephemeral_ports, _free_port
+    from slurm_cluster import _ephemeral_low, _free_port
 
-    lo, _ = _ephemeral_ports()
+    lo = _ephemeral_low()
     ports = {_free_port() for _ in range(20)}
     assert all(1024 <= p < lo for p in ports), (sorted(ports), lo)
     for p in ports:  # free here when picked

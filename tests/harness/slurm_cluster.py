@@ -54,13 +54,12 @@ def slurm_available() -> bool:
     return True
 
 
-def _ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range for ports it picks itself (connections' local ends)."""
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's range for ports it picks itself (connections' local ends)."""
     try:
-        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(lo), int(hi)
-    except (OSError, ValueError):
-        return 32768, 60999
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _free_port() -> int:
@@ -68,17 +67,18 @@ def _free_port() -> int:
     their own network namespaces, where this process cannot look: an ephemeral port was once
     taken there by a connection of an earlier multi-node job ("Unable to bind listen port
     (43689): Address already in use"). Ports outside that range are only ever bound on purpose."""
-    lo, _ = _ephemeral_ports()
+    hi = _ephemeral_low()
+    lo = max(1024, hi - 12000)
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(max(1024, lo - 12000), lo)
+        port = rng.randrange(lo, hi)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port found in {max(1024, lo - 12000)}-{lo - 1}")
+    raise RuntimeError(f"no free port found in {lo}-{hi - 1}")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
