@@ -110,12 +110,14 @@ def test_cpu_quota_mode_slows_the_whole_rank_for_real(tmp_path):
     # A real cgroup CPU quota of half a core on rank 1 (root on these machines and in CI):
     # its standalone speed, measured the same way for every rank, must fall to about half.
     run = tmp_path / "quota"
-    # Four epochs: 7 windows counted, each only ~0.2 s (twenty of the quota's 10 ms periods), so
-    # one window's split says little; the rows are summed over all 7. Batches of 32 (32 claims
-    # a window, not 8 as with 128, which once read 1.21x in CI).
+    # Four epochs: 7 windows counted, the rows summed over all 7. Batches of 32 (32 claims a
+    # window, not 8 as with 128, which once read 1.21x in CI). 512 hidden units: with WORKLOAD's
+    # 128 a window took 0.12-0.13 s on a faster host (a dozen of the quota's 10 ms periods) and
+    # the split read 1.19 once in a fresh clone (1.41-1.89 in 3 runs alone); with 512 a window
+    # takes 0.37-0.39 s and the split read 1.53-1.74 in 3 runs.
     s = train(2, run, *WORKLOAD, "hetero.slowdown={1: 2.0}", "train.algorithm=adaptive",
               "hetero.mode=cpu_quota", "train.threads=1", "train.epochs=4",
-              "train.calibrate_s=2", "train.batch_size=32")
+              "train.calibrate_s=2", "train.batch_size=32", "model.hidden=[512]")
     fast, slow = s["per_rank"][0]["standalone_rate"], s["per_rank"][1]["standalone_rate"]
     # 2x, blurred by the two cores' contention and the quota's periods within a 2 s
     # measurement: 1.50-2.36 in 10 runs here under the quota and once 4.64 (in a full-suite
