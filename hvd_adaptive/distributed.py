@@ -57,6 +57,7 @@ def _pick_gpu(tf, local_rank: int) -> Optional[str]:
 
 
 HOROVOD_CYCLE_MS = 5  # the ranks' Horovod cycle time unless HOROVOD_CYCLE_TIME is set (`init`)
+YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"  # set to 1 unless set (`init`)
 
 
 def init(threads: Optional[int] = None,
@@ -71,6 +72,13 @@ def init(threads: Optional[int] = None,
     """
     import mpi4py
 
+    # A rank waiting in MPI spins on its core unless OpenMPI yields it (mpi_yield_when_idle),
+    # which OpenMPI turns on by itself only on nodes with more ranks than cores. Horovod's
+    # background thread waits there once a cycle, so spinning took the rank's own computing
+    # time: yielding raised the ranks' standalone rows/s 1.34x at 2 ranks at a quarter core
+    # and 1.14x at one core each (docs/benchmark.md). Must precede MPI's initialization; an
+    # exported value (or `mpirun --mca mpi_yield_when_idle 0`) wins.
+    os.environ.setdefault(YIELD_WHEN_IDLE, "1")
     mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
 
@@ -103,6 +111,34 @@ def init(threads: Optional[int] = None,
     device = _pick_gpu(tf, hvd.local_rank()) or "/CPU:0"
     return Cluster(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                    local_size=local_size, device=device, threads=n_threads, comm=comm)
+
+
+def mpi_control_variable(name: str) -> Optional[int]:
+    """An integer (or boolean) control variable of the MPI library as this process runs with it,
+    read through MPI's tool interface (MPI_T): what the library took from its defaults, the
+    launcher and the environment. None where the library has no variable of that name (another
+    MPI than OpenMPI) or no tool interface. Call after MPI's initialization."""
+    import ctypes
+    from mpi4py import MPI
+
+    lib = ctypes.CDLL(None)  # the MPI library mpi4py loaded into this process
+    if not hasattr(lib, "MPI_T_cvar_get_index"):
+        return None
+    provided = ctypes.c_int()
+    if lib.MPI_T_init_thread(MPI.THREAD_MULTIPLE, ctypes.byref(provided)) != 0:
+        return None
+    try:
+        index, count, handle = ctypes.c_int(), ctypes.c_int(), ctypes.c_void_p()
+        if lib.MPI_T_cvar_get_index(name.encode(), ctypes.byref(index)) != 0:
+            return None
+        if lib.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle), ctypes.byref(count)) != 0:
+            return None
+        value = ctypes.c_int64(0)  # room for an int or a bool, which read as 4 bytes or fewer
+        ok = count.value == 1 and lib.MPI_T_cvar_read(handle, ctypes.byref(value)) == 0
+        lib.MPI_T_cvar_handle_free(ctypes.byref(handle))
+        return int(ctypes.c_int32(value.value & 0xFFFFFFFF).value) if ok else None
+    finally:
+        lib.MPI_T_finalize()
 
 
 def default_threads(local_size: int) -> int:

@@ -35,7 +35,7 @@ from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, check_fits, load_data
-from hvd_adaptive.distributed import Cluster, allgather, node_allgather
+from hvd_adaptive.distributed import Cluster, allgather, mpi_control_variable, node_allgather
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.hetero import Heterogeneity, check_profile
 from hvd_adaptive.metrics import inverse_propensities, most_frequent_label_p1
@@ -92,6 +92,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
                     baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
                     horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
+                    mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),
                     calibration_s=round(t_cal, 3))
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)

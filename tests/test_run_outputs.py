@@ -77,11 +77,33 @@ def test_no_start_up_messages_on_stderr(finished):
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
 
 
-@pytest.mark.mpi
-def test_errors_still_reach_stderr(tmp_path):
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory):
+    """A 2-rank run whose rank 1 fails in its first round (after the start record), launched
+    with OpenMPI told to spin while waiting."""
+    run_dir = tmp_path_factory.mktemp("failed") / "run"
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
-                   "--run-dir", str(tmp_path / "run")],
-               timeout=120, HVD_ADAPTIVE_FAIL_AT_ROUND="0", HVD_ADAPTIVE_FAIL_RANK="1", **LOUD)
+                   "--run-dir", str(run_dir)],
+               timeout=120, HVD_ADAPTIVE_FAIL_AT_ROUND="0", HVD_ADAPTIVE_FAIL_RANK="1",
+               OMPI_MCA_mpi_yield_when_idle="0", **LOUD)
+    return run_dir, p
+
+
+@pytest.mark.mpi
+def test_ranks_yield_their_core_while_waiting_in_mpi_unless_told_to_spin(finished, failed):
+    # Two ranks on this node's two cores are not oversubscribed, where OpenMPI spins by default;
+    # the start record holds the value MPI runs with (read back through MPI_T), not the request.
+    def yields(run_dir):
+        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return next(r for r in recs if r["event"] == "start")["mpi_yield_when_idle"]
+
+    assert yields(finished[0]) == 1
+    assert yields(failed[0]) == 0  # an exported OMPI_MCA_mpi_yield_when_idle wins
+
+
+@pytest.mark.mpi
+def test_errors_still_reach_stderr(failed):
+    _, p = failed
     assert p.returncode != 0
     assert "[rank 1] error: RuntimeError: injected failure at round 0" in p.stderr, p.stderr[-3000:]
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
