@@ -133,10 +133,10 @@ def mpi_control_variable(name: str) -> Optional[int]:
             return None
         if lib.MPI_T_cvar_handle_alloc(index, None, ctypes.byref(handle), ctypes.byref(count)) != 0:
             return None
-        value = ctypes.c_int64(0)  # room for an int or a bool, which read as 4 bytes or fewer
-        ok = count.value == 1 and lib.MPI_T_cvar_read(handle, ctypes.byref(value)) == 0
+        value = (ctypes.c_int32 * 2)()  # an int or a bool reads as its first 4 bytes; 8 of room
+        ok = count.value == 1 and lib.MPI_T_cvar_read(handle, value) == 0
         lib.MPI_T_cvar_handle_free(ctypes.byref(handle))
-        return int(ctypes.c_int32(value.value & 0xFFFFFFFF).value) if ok else None
+        return int(value[0]) if ok else None
     finally:
         lib.MPI_T_finalize()
 
