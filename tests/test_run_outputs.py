@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mpirun import REPO, mpi_env, mpirun
+from mpirun import REPO, mpi_env, mpirun, records
 
 # Pieces of the lines TensorFlow (through absl) prints at start-up on every rank.
 START_UP = ("absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary is optimized",
@@ -93,12 +93,8 @@ def failed(tmp_path_factory):
 def test_ranks_yield_their_core_while_waiting_in_mpi_unless_told_to_spin(finished, failed):
     # Two ranks on this node's two cores are not oversubscribed, where OpenMPI spins by default;
     # the start record holds the value MPI runs with (read back through MPI_T), not the request.
-    def yields(run_dir):
-        recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        return next(r for r in recs if r["event"] == "start")["mpi_yield_when_idle"]
-
-    assert yields(finished[0]) == 1
-    assert yields(failed[0]) == 0  # an exported OMPI_MCA_mpi_yield_when_idle wins
+    assert records(finished[0], "start")[0]["mpi_yield_when_idle"] == 1
+    assert records(failed[0], "start")[0]["mpi_yield_when_idle"] == 0  # an exported value wins
 
 
 @pytest.mark.mpi
