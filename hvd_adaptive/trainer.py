@@ -15,7 +15,8 @@ in evaluation.py, the run's files in runlog.py, a round's accounting in algorith
 Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
 default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
 HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
-non-finite guards.
+non-finite guards. HVD_ADAPTIVE_SLOW_EVAL=<rank>:<seconds> makes that rank leave every
+evaluation that much later, to test that no rank's evaluation reaches the training clock.
 """
 from __future__ import annotations
 
@@ -210,15 +211,14 @@ class Trainer:
     def evaluate(self, progress: float) -> None:
         """Evaluates the algorithm's model on the test set (every rank), records and says it."""
         model, pos = self.algo.eval_model(), self.position
-        variables = model.variables_list
-        if not all(bool(tf.reduce_all(tf.math.is_finite(v))) for v in variables):
+        # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
+        # it too (Algorithm.on_eval: adaptive normalization follows its trend).
+        finite, norm = weight_stats(model.variables_list)
+        if not finite:
             raise FloatingPointError(
                 f"the model's weights became NaN or inf by epoch {progress:.3f} (round {pos.rounds}); "
                 "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
         m = self.evaluator_for(model)(self.test_ds, self.cluster, self.cfg.train.eval_rows)
-        # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
-        # it too (Algorithm.on_eval: adaptive normalization follows its trend).
-        norm = float(np.sqrt(sum(float(tf.reduce_sum(v * v)) for v in variables)))
         self.algo.on_eval(norm)
         rec = dict(event="eval", wall_s=round(pos.wall, 4), epoch=round(progress, 4),
                    samples=int(pos.samples), **{k: round(v, 5) for k, v in m.items()},
@@ -228,6 +228,11 @@ class Trainer:
         self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
                      f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
                      f"| PSP@5 {m['psp_at_5']:.4f}")
+        # The ranks leave an evaluation at different times (rank 0 writes the record); the next
+        # window starts together, so no rank's share of the evaluation lands on the training
+        # clock as other ranks' wait or as rows the late rank never got to claim.
+        _slow_evaluation(self.cluster.rank)
+        self.cluster.comm.Barrier()
 
     def save(self) -> None:
         self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
@@ -290,6 +295,33 @@ def _inject_failure(algo, rnd: int) -> None:
         w.assign(tf.fill(tf.shape(w), float("nan")))
     else:
         raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
+
+
+def _slow_evaluation(rank: int) -> None:
+    """Test hook (see the module docstring): this rank leaves its evaluation late."""
+    who, _, seconds = os.environ.get("HVD_ADAPTIVE_SLOW_EVAL", "").partition(":")
+    if who and int(who) == rank:
+        time.sleep(float(seconds))
+
+
+NORM_ROWS = 16384  # rows of a variable weight_stats reads at a time
+
+
+def weight_stats(variables) -> tuple[bool, float]:
+    """Whether every weight is finite, and the weights' L2 norm, reading at most NORM_ROWS rows
+    of a variable at a time (tf.gather: a variable trained with sparse updates copies itself
+    whole on every plain read). `v * v` of the whole input layer (135,909 x 128 at 13,402
+    labels) made a fresh temporary each evaluation: 0.7-1.8 s at the first and about 0.1 s
+    later, different on every rank, at a quarter core with 8 ranks (docs/benchmark.md)."""
+    finite, total = True, 0.0
+    for v in variables:
+        rows = int(v.shape[0]) if v.shape.rank else 0
+        parts = ((tf.gather(v, tf.range(lo, min(lo + NORM_ROWS, rows)))  # one slice at a time
+                  for lo in range(0, rows, NORM_ROWS)) if rows > NORM_ROWS else [v])
+        for x in parts:
+            finite = finite and bool(tf.reduce_all(tf.math.is_finite(x)))
+            total += float(tf.reduce_sum(tf.square(tf.cast(x, tf.float32))))
+    return finite, math.sqrt(total)
 
 
 def _fingerprint(model: SparseMLP) -> list[float]:

@@ -262,3 +262,19 @@ def test_more_negatives_than_labels_is_a_clear_error():
     from hvd_adaptive.config import ConfigError
     with pytest.raises(ConfigError, match="model.negatives: 40 negatives"):
         sampled_model(n_labels=40, negatives=40)
+
+
+def test_weight_stats_reads_variables_in_slices_and_matches_numpy():
+    # trainer.weight_stats: the eval record's weight_norm and the non-finite guard, read
+    # NORM_ROWS rows at a time; every slice counts, the last partial one too.
+    from hvd_adaptive.trainer import NORM_ROWS, weight_stats
+
+    rng = np.random.default_rng(0)
+    big = rng.normal(size=(2 * NORM_ROWS + 7, 3)).astype(np.float32)
+    small = rng.normal(size=(5,)).astype(np.float32)
+    variables = [tf.Variable(big), tf.Variable(small)]
+    finite, norm = weight_stats(variables)
+    want = np.sqrt((big.astype(np.float64) ** 2).sum() + (small.astype(np.float64) ** 2).sum())
+    assert finite and norm == pytest.approx(want, rel=1e-6)
+    variables[0].scatter_update(tf.IndexedSlices(tf.constant([[np.inf, 0, 0]], tf.float32), [2 * NORM_ROWS + 6]))
+    assert not weight_stats(variables)[0]  # an inf in the last slice's last row

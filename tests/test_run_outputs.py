@@ -22,11 +22,27 @@ def start_up_lines(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("outputs") / "run"
+    # Rank 1 leaves every evaluation 1.5 s late (test hook): off the training clock.
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
                    "--run-dir", str(run_dir), "--set", "train.epochs=2", "--set", "train.eval_every=1"],
-               **LOUD)
+               HVD_ADAPTIVE_SLOW_EVAL=f"1:{SLOW_EVAL_S}", **LOUD)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
     return run_dir, p
+
+
+SLOW_EVAL_S = 1.5
+
+
+@pytest.mark.mpi
+def test_a_rank_that_leaves_an_evaluation_late_costs_the_training_clock_nothing(finished):
+    # The windows after an evaluation start together (trainer.evaluate ends in a barrier);
+    # without it rank 0 waited for rank 1 in the next window's first allreduce, on the clock.
+    rounds = records(finished[0], "round")
+    walls = [0.0] + [r["wall_s"] for r in rounds]
+    longest = max(b - a for a, b in zip(walls, walls[1:]))
+    assert records(finished[0], "eval")[0]["epoch"] == 1.0  # and rounds followed it:
+    assert any(r["epoch"] > 1 for r in rounds), rounds
+    assert longest < SLOW_EVAL_S / 2, f"a round took {longest:.2f} s: {walls}"
 
 
 def read_events(folder):
