@@ -264,6 +264,13 @@ class AdaptiveConfig:
     """rma: dynamic scheduling through an MPI one-sided shared counter on rank 0.
     static: fallback without one-sided MPI; each window is split in proportion to the ranks'
     speeds (rows/s) measured in the previous windows."""
+    guided: bool = False
+    """Dynamic scheduling's guided tail (SharedCounter.claims): near a window's end a claim takes
+    at most the rows left / ranks (at least a quarter of its batch), so the ranks reach the merge
+    within a small batch of each other, and counts as its fraction of a batch in the merge
+    weights. It cut the end-of-window wait at 8 ranks from 0.15 to 0.06 of the ranks' time but
+    not the time to the target, within noise at 2-8 ranks (docs/benchmark.md), so it is off:
+    every claim is a whole batch (the papers')."""
     weights: Literal["batches", "rows"] = "batches"
     """Merge weights p_i from the window's batch counts (the papers) or from rows processed."""
     opt_state: Literal["local", "average"] = "average"

@@ -300,15 +300,25 @@ class SharedCounter:
         self.win.Unlock(0)
         return int(old[0])
 
-    def claims(self, window: int, budget: int, size: Callable[[], int]) -> Iterator[tuple[int, int]]:
+    def claims(self, window: int, budget: int, size: Callable[[], int], parts: int = 1,
+               smallest: int = 1) -> Iterator[tuple[int, int]]:
         """Yields this rank's claims [lo, hi) of a window's `budget` rows, `size()` at a time.
 
         No claim is under half a batch unless the budget is: a claim that would leave less than
         half a batch behind takes the rest with it (as `chunks` does), so no rank trains a
         noisy one-row step that counts as a whole batch.
+
+        Guided tail (parts > 1, the ranks sharing the window): a claim takes at most 1/parts of
+        the rows left, read from the counter just before (one more atomic a claim), and at least
+        `smallest`, so the last claims of a window shrink and the ranks finish within a small
+        batch of each other instead of a whole one. Another rank's claim between the read and
+        this claim can only make this claim a little large, never larger than size().
         """
         while True:
             b = size()
+            if parts > 1:
+                left = budget - self.fetch_add(window, 0)
+                b = min(b, max(smallest, -(-left // parts)))
             lo = self.fetch_add(window, b)
             if lo >= budget:
                 return

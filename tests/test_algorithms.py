@@ -24,7 +24,7 @@ SCHEDULED = ["adaptive", "sync", "local", "sma", "hogbatch", "auto"]
 @pytest.fixture(scope="module")
 def scheduling():
     """check_scheduling.py for every algorithm, one after another in one 2-rank job."""
-    return mpirun(2, ["tests/parallel/check_scheduling.py", *SCHEDULED], timeout=300)
+    return mpirun(2, ["tests/parallel/check_scheduling.py", *SCHEDULED, "guided"], timeout=300)
 
 
 @pytest.mark.mpi
@@ -32,6 +32,14 @@ def scheduling():
 def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(scheduling, name):
     p = scheduling
     assert f"scheduling ok ({name})" in p.stdout and p.returncode == 0, explain(p)
+
+
+@pytest.mark.mpi
+def test_guided_claims_shrink_as_a_windows_rows_run_out(scheduling):
+    # adaptive.guided: the last claims of a window take a share of the rows left, so the ranks
+    # reach the merge within a small batch of each other (check_scheduling.py, case guided).
+    p = scheduling
+    assert "guided ok" in p.stdout and p.returncode == 0, explain(p)
 
 
 def _balance_sets(policy, *extra):

@@ -70,10 +70,13 @@ class Adaptive(Algorithm):
     # ---- one window ----------------------------------------------------------------------
     def _claims(self, w: Window, b: int):
         """Yields this rank's batches of the window (dynamic or static scheduling); no batch
-        is under half of `b` unless the window is (SharedCounter.claims, `chunks`)."""
+        is under half of `b` unless the window is (SharedCounter.claims, `chunks`), except the
+        guided tail's (adaptive.guided), down to b / 4."""
         budget = w.end - w.start
         if self.counter is not None:
-            for lo, hi in self.counter.claims(w.index, budget, lambda: b):
+            guided = self.cluster.size if self.adaptive_cfg.guided else 1
+            for lo, hi in self.counter.claims(w.index, budget, lambda: b, parts=guided,
+                                              smallest=max(1, b // 4)):
                 yield w.perm[w.start + lo: w.start + hi]
         else:
             # Without one-sided MPI: each rank takes a contiguous part of the window in
@@ -106,7 +109,9 @@ class Adaptive(Algorithm):
         comm.Barrier()  # waiting for the last rank to finish its batch is not communication
         with stats.timed("sync_s"):
             # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
-            info = np.array(allgather(comm, (stats.batches, stats.samples, stats.compute_s)))
+            # Under the guided tail a claim smaller than the batch counts as its fraction of one.
+            units = stats.samples / b if a.guided and self.counter is not None else stats.batches
+            info = np.array(allgather(comm, (units, stats.samples, stats.compute_s)))
         with stats.timed("comm_s"):
             self.shares = balance.batch_shares(info[:, 0] if a.weights == "batches" else info[:, 1])
             self.weights = balance.merge_weights(self.shares, self.boost, a.norm_factor)

@@ -26,10 +26,71 @@ from hvd_adaptive.config import load_config
 from cases import each_case
 
 
+def check_guided(c) -> None:
+    """The guided tail (adaptive.guided). First SharedCounter.claims alone on each rank
+    (COMM_SELF: one claimer, so the sizes follow the rule exactly): claims of 100 with parts=4
+    and smallest=10 cover the budget in order, none exceeds max(10, rows left / 4) by more than
+    the half-claim a claim absorbs, and they shrink to the smallest; with parts=1 all are 100.
+    Then the real adaptive SGD on both ranks, batch sizes pinned at 64 (b_min 64), equal speeds:
+    every row of the epoch once, windows end in claims under the batch (the guided tail), and
+    each rank's merge weight is its rows / batch over all ranks' (a claim counts as its part)."""
+    from mpi4py import MPI
+
+    from hvd_adaptive.distributed import SharedCounter
+
+    counter = SharedCounter(MPI.COMM_SELF)
+    for window, parts in enumerate((4, 1)):  # both slots start at zero
+        got = list(counter.claims(window, 1000, lambda: 100, parts=parts, smallest=10))
+        assert [x for lo, hi in got for x in range(lo, hi)] == list(range(1000)), got
+        sizes = [hi - lo for lo, hi in got]
+        if parts == 1:
+            assert sizes == [100] * 10, sizes
+            continue
+        for (lo, hi), size in zip(got, sizes):
+            cap = max(10, -(-(1000 - lo) // 4))
+            assert size <= min(100, cap) or (hi == 1000 and size < 1.5 * cap), (lo, hi, got)
+        assert sizes[0] == 100 and sizes[-1] < 20 and sizes == sorted(sizes, reverse=True), sizes
+    counter.free()
+
+    cfg, _ = load_config("configs/tiny.yaml", [
+        "train.algorithm=adaptive", "train.epochs=1", "adaptive.warmup_epochs=0",
+        "adaptive.b_min=64", "adaptive.guided=true"])
+    import tensorflow as tf
+    from hvd_adaptive.algorithms import base, hogbatch
+    from hvd_adaptive.data import load_data
+    from real_algorithm import RowSpy, build
+
+    spy = RowSpy(base, hogbatch)
+    train, _ = load_data(cfg, c)
+    with tf.device(c.device):
+        algo = build(cfg, c, train)
+        c.comm.Barrier()
+        spy.recording = True
+        while (stats := algo.run_round()) is not None:
+            # A claim counts as its rows / batch in the merge weights (all ranks batch 64 here).
+            got = np.array(c.comm.allgather((stats.weight, stats.samples / stats.batch_size)))
+            assert np.allclose(got[:, 0], got[:, 1] / got[:, 1].sum(), atol=1e-6), got
+        spy.recording = False
+        spy.restore()
+    everyone = c.comm.gather(np.concatenate(spy.used), root=0)
+    sizes = np.concatenate(c.comm.allgather([len(u) for u in spy.used]))
+    if c.is_root:
+        rows = np.sort(np.concatenate(everyone))
+        assert np.array_equal(rows, np.arange(train.n_rows)), "guided: rows lost or repeated"
+        b = cfg.train.batch_size
+        # (A claim racing another for a window's last rows can be smaller than the rule's.)
+        assert (sizes < b).sum() >= 2, f"guided: no claim under the batch of {b}: {sizes}"
+        print(f"guided ok: claims alone shrink as rows run out; adaptive's batches {sorted(sizes)}",
+              flush=True)
+
+
 def check(name: str, c) -> None:
+    if name == "guided":
+        return check_guided(c)
     cfg, _ = load_config("configs/tiny.yaml", [
         f"train.algorithm={name}", "train.epochs=1", "train.window_samples=1024",
         "hetero.slowdown={1: 2.0}", "adaptive.warmup_epochs=0", "adaptive.b_min=64",
+        "adaptive.guided=false",  # the papers' whole-batch claims (case guided: the guided tail)
         "hogbatch.round_epochs=0.25",
         *(["train.window_samples=256", "auto.probe_every=2", "auto.averaging_cost=1.5",
            "auto.shard_update=true"] if name == "auto" else []),
