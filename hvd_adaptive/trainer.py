@@ -82,6 +82,10 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
         if quota:  # every rank may print: only the slowed ones have a quota
             print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
+        # Every rank inside its quota before any calibrates: a rank still in its start-up (no
+        # quota, full cores) took CPU from the quarter-core ranks calibrating beside it, which
+        # once read a sixteenth-core rank at 1/1.94 of a quarter-core one in the suite.
+        cluster.comm.Barrier()
         t_cal = time.perf_counter()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size,
                                                          min_seconds=cfg.train.calibrate_s))
