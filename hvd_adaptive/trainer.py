@@ -15,8 +15,9 @@ in evaluation.py, the run's files in runlog.py, a round's accounting in algorith
 Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
 default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
 HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
-non-finite guards. HVD_ADAPTIVE_SLOW_EVAL=<rank>:<seconds> makes that rank leave every
-evaluation that much later, to test that no rank's evaluation reaches the training clock.
+non-finite guards. HVD_ADAPTIVE_SLOW_START=<rank>:<seconds> makes that rank enter its CPU quota
+that much later (no rank calibrates before all are in), HVD_ADAPTIVE_SLOW_EVAL=<rank>:<seconds>
+leave every evaluation that much later (no rank's evaluation reaches the training clock).
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
         run.warm_up()
         # The quota slows what the clock and the calibration measure, not the start-up before
         # them (tracing at a sixteenth of a core took tens of seconds).
+        _test_delay("HVD_ADAPTIVE_SLOW_START", cluster.rank)
         quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
         if quota:  # every rank may print: only the slowed ones have a quota
             print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
@@ -235,7 +237,7 @@ class Trainer:
         # The ranks leave an evaluation at different times (rank 0 writes the record); the next
         # window starts together, so no rank's share of the evaluation lands on the training
         # clock as other ranks' wait or as rows the late rank never got to claim.
-        _slow_evaluation(self.cluster.rank)
+        _test_delay("HVD_ADAPTIVE_SLOW_EVAL", self.cluster.rank)
         self.cluster.comm.Barrier()
 
     def save(self) -> None:
@@ -301,9 +303,9 @@ def _inject_failure(algo, rnd: int) -> None:
         raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
 
 
-def _slow_evaluation(rank: int) -> None:
-    """Test hook (see the module docstring): this rank leaves its evaluation late."""
-    who, _, seconds = os.environ.get("HVD_ADAPTIVE_SLOW_EVAL", "").partition(":")
+def _test_delay(variable: str, rank: int) -> None:
+    """Test hooks (see the module docstring): `variable`=<rank>:<seconds> makes that rank sleep."""
+    who, _, seconds = os.environ.get(variable, "").partition(":")
     if who and int(who) == rank:
         time.sleep(float(seconds))
 
@@ -324,7 +326,7 @@ def weight_stats(variables) -> tuple[bool, float]:
                   for lo in range(0, rows, NORM_ROWS)) if rows > NORM_ROWS else [v])
         for x in parts:
             finite = finite and bool(tf.reduce_all(tf.math.is_finite(x)))
-            total += float(tf.reduce_sum(tf.square(tf.cast(x, tf.float32))))
+            total += float(tf.reduce_sum(tf.square(x)))
     return finite, math.sqrt(total)
 
 

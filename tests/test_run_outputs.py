@@ -22,10 +22,12 @@ def start_up_lines(stderr: str) -> list[str]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("outputs") / "run"
-    # Rank 1 leaves every evaluation 1.5 s late (test hook): off the training clock.
+    # Rank 1 enters its quota and leaves every evaluation 1.5 s late (test hooks): neither may
+    # reach the calibration or the training clock.
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
                    "--run-dir", str(run_dir), "--set", "train.epochs=2", "--set", "train.eval_every=1"],
-               HVD_ADAPTIVE_SLOW_EVAL=f"1:{SLOW_EVAL_S}", **LOUD)
+               HVD_ADAPTIVE_SLOW_EVAL=f"1:{SLOW_EVAL_S}", HVD_ADAPTIVE_SLOW_START=f"1:{SLOW_EVAL_S}",
+               **LOUD)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
     return run_dir, p
 
@@ -43,6 +45,15 @@ def test_a_rank_that_leaves_an_evaluation_late_costs_the_training_clock_nothing(
     assert records(finished[0], "eval")[0]["epoch"] == 1.0  # and rounds followed it:
     assert any(r["epoch"] > 1 for r in rounds), rounds
     assert longest < SLOW_EVAL_S / 2, f"a round took {longest:.2f} s: {walls}"
+
+
+@pytest.mark.mpi
+def test_no_rank_calibrates_before_every_rank_is_in_its_quota(finished):
+    # A barrier before the calibration: without it rank 0 calibrated while rank 1 was still
+    # starting up (on full cores, where a quota was due) and then waited for it in the rates'
+    # allgather, which calibration_s (rank 0's calibration and that allgather) counts.
+    start = records(finished[0], "start")[0]
+    assert start["calibration_s"] < SLOW_EVAL_S / 2, start
 
 
 def read_events(folder):
