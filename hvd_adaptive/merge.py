@@ -122,12 +122,15 @@ class Merge:
         @tf.function(input_signature=signature, autograph=False)
         def merge(*args):
             rows, mine, weight = args[:n], args[n:2 * n], args[2 * n]
-            sent, shares = [], {}
+            sent, shares, base = [], {}, {}
             for j, v, rm, norm, part in items:
                 x = tf.gather(v, rows[rm.mask]) if part else tf.identity(v)
                 if self.anchor is not None:
+                    # The anchor's rows, read once: the change is sent against them and the
+                    # summed change lands on them (a second gather cost a pass over the rows).
                     a = self.anchor[j]
-                    x = x - (tf.gather(a, rows[rm.mask]) if part else a)
+                    base[j] = tf.gather(a, rows[rm.mask]) if part else tf.identity(a)
+                    x = x - base[j]
                 scale = along(weight * mine[rm.mask], rm, len(v.shape)) if norm else weight
                 sent.append(tf.cast(x * scale, self.wire))
             for m in sorted({rm.mask for _, _, rm, norm, _ in items if norm}):
@@ -140,8 +143,7 @@ class Merge:
                     share = along(tf.cast(summed[shares[rm.mask]], tf.float32), rm, len(v.shape))
                     y = y / tf.maximum(share, 1e-30)
                 if self.anchor is not None:
-                    a = self.anchor[j]
-                    y = (tf.gather(a, rows[rm.mask]) if part else a) + y
+                    y = base[j] + y
                 if part:
                     v.scatter_update(tf.IndexedSlices(y, rows[rm.mask]))
                     if self.anchor is not None:
@@ -180,11 +182,16 @@ class Merge:
         touched = self.model.touched.numpy()
         rows: list = [np.zeros(0, np.int64) for _ in touched]  # masks no variable uses stay empty
         mine: list = [np.zeros(0, np.float32) for _ in touched]
-        for m in (*self.partial, *self.whole):
-            packed = np.packbits(touched[m])
-            union = np.empty_like(packed)
-            self.comm.Allreduce(packed, union, op=MPI.BOR)
-            anyone = np.unpackbits(union, count=touched[m].size).astype(bool)
+        used = (*self.partial, *self.whole)
+        # One bitwise-or allreduce for every mask's union: with Horovod's background thread
+        # coordinating beside it, each MPI collective cost 50-100 ms at 8 quarter-core ranks,
+        # whatever its size (docs/benchmark.md).
+        packed = [np.packbits(touched[m]) for m in used]
+        union = np.empty(sum(p.size for p in packed), np.uint8)
+        if used:
+            self.comm.Allreduce(np.concatenate(packed), union, op=MPI.BOR)
+        for m, part in zip(used, np.split(union, np.cumsum([p.size for p in packed])[:-1])):
+            anyone = np.unpackbits(part, count=touched[m].size).astype(bool)
             if m in self.partial:
                 rows[m] = np.flatnonzero(anyone).astype(np.int64)
                 mine[m] = touched[m][rows[m]].astype(np.float32)
