@@ -174,23 +174,42 @@ class Merge:
             for a, (v, _, _) in zip(self.anchor, self.items):
                 a.assign(v)
 
-    def __call__(self, weight: float) -> None:
+    def packed(self) -> np.ndarray:
+        """This rank's touched-row masks that the merge reads, packed 8 rows a byte: what the
+        union is made of. A caller that gathers them from every rank anyway (adaptive SGD's
+        timing allgather) passes them to the merge, which then needs no collective of its own
+        for the union."""
+        touched = self.model.touched.numpy()
+        used = (*self.partial, *self.whole)
+        return (np.concatenate([np.packbits(touched[m]) for m in used]) if used
+                else np.zeros(0, np.uint8))
+
+    def __call__(self, weight: float, gathered: Optional[Sequence[np.ndarray]] = None) -> None:
         """Merges with this rank's weight (weights sum to 1 over ranks). The masks are cleared at
-        each window's start (Algorithm.run_round), not here."""
+        each window's start (Algorithm.run_round), not here.
+
+        gathered: every rank's `packed()` of this window, in rank order, if the caller has them;
+        else one bitwise-or allreduce makes the union. With Horovod's background thread
+        coordinating beside it, each MPI collective cost 50-100 ms at 8 quarter-core ranks,
+        whatever its size (docs/benchmark.md)."""
         from mpi4py import MPI
 
         touched = self.model.touched.numpy()
         rows: list = [np.zeros(0, np.int64) for _ in touched]  # masks no variable uses stay empty
         mine: list = [np.zeros(0, np.float32) for _ in touched]
         used = (*self.partial, *self.whole)
-        # One bitwise-or allreduce for every mask's union: with Horovod's background thread
-        # coordinating beside it, each MPI collective cost 50-100 ms at 8 quarter-core ranks,
-        # whatever its size (docs/benchmark.md).
-        packed = [np.packbits(touched[m]) for m in used]
-        union = np.empty(sum(p.size for p in packed), np.uint8)
-        if used:
-            self.comm.Allreduce(np.concatenate(packed), union, op=MPI.BOR)
-        for m, part in zip(used, np.split(union, np.cumsum([p.size for p in packed])[:-1])):
+        sizes = [(touched[m].size + 7) // 8 for m in used]
+        if gathered is not None:
+            if len(gathered) != self.comm.Get_size() or any(g.size != sum(sizes) for g in gathered):
+                raise ValueError(f"merge: gathered masks of {[g.size for g in gathered]} bytes "
+                                 f"from {len(gathered)} ranks, expected {sum(sizes)} from "
+                                 f"{self.comm.Get_size()}")
+            union = np.bitwise_or.reduce(np.stack(gathered), axis=0)
+        else:
+            union = np.empty(sum(sizes), np.uint8)
+            if used:
+                self.comm.Allreduce(self.packed(), union, op=MPI.BOR)
+        for m, part in zip(used, np.split(union, np.cumsum(sizes)[:-1])):
             anyone = np.unpackbits(part, count=touched[m].size).astype(bool)
             if m in self.partial:
                 rows[m] = np.flatnonzero(anyone).astype(np.int64)

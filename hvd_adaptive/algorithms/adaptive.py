@@ -111,12 +111,14 @@ class Adaptive(Algorithm):
             # Timing exchange: every rank learns every rank's batch and row counts (mpi4py allgather).
             # Under the guided tail a claim smaller than the batch counts as its fraction of one.
             units = stats.samples / b if a.guided and self.counter is not None else stats.batches
-            info = np.array(allgather(comm, (units, stats.samples, stats.compute_s)))
+            # The touched-row masks ride along: the merge's union needs no collective of its own.
+            got = allgather(comm, (units, stats.samples, stats.compute_s, self.merge.packed()))
+            info = np.array([g[:3] for g in got])
         with stats.timed("comm_s"):
             self.shares = balance.batch_shares(info[:, 0] if a.weights == "batches" else info[:, 1])
             self.weights = balance.merge_weights(self.shares, self.boost, a.norm_factor)
             # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
-            self.merge(float(self.weights[r]))
+            self.merge(float(self.weights[r]), gathered=[g[3] for g in got])
             if a.merge_momentum > 0:
                 self._block_momentum()
         stats.note_merge(self.merge)
