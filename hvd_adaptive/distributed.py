@@ -56,17 +56,35 @@ def _pick_gpu(tf, local_rank: int) -> Optional[str]:
     return "/GPU:0"
 
 
-HOROVOD_CYCLE_MS = 5  # the ranks' Horovod cycle time unless HOROVOD_CYCLE_TIME is set (`init`)
+HOROVOD_CYCLE_MS = 5  # the ranks' Horovod cycle at a core or more (`cycle_ms`, `init`)
+HOROVOD_CYCLE_MAX_MS = 50
+
+
+def cycle_ms(smallest_cores: Optional[float] = None) -> float:
+    """Horovod's cycle for ranks of which the slowest has `smallest_cores` CPUs' worth of time
+    (None: no quota). Horovod's background thread coordinates the ranks once a cycle and waits
+    there for the slowest; that costs the same CPU time a cycle whatever the rank's share, so
+    at a fraction f of a core the cycle is HOROVOD_CYCLE_MS / f (at most HOROVOD_CYCLE_MAX_MS),
+    keeping the cost's share of the rank's time about that of a full core at 5 ms. Measured
+    (docs/benchmark.md): 2 ranks at one core, 5 ms against 20 ms 1.9 against 2.2 s to the target
+    for sync; 2, 4 and 8 ranks at a quarter core, 20 or 50 ms against 5 ms 1.05-1.25x sooner for
+    sync and adaptive SGD alike."""
+    if smallest_cores is None or smallest_cores >= 1.0:
+        return float(HOROVOD_CYCLE_MS)
+    return float(min(HOROVOD_CYCLE_MAX_MS, round(HOROVOD_CYCLE_MS / smallest_cores, 1)))
 YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"  # set to 1 unless set (`init`)
 
 
 def init(threads: Optional[int] = None,
-         threads_for: Optional[Callable[[int], Optional[int]]] = None) -> Cluster:
+         threads_for: Optional[Callable[[int], Optional[int]]] = None,
+         cycle: Optional[float] = None) -> Cluster:
     """Initializes MPI (mpi4py), Horovod and TensorFlow's devices for this rank.
 
     Args:
         threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
             so ranks sharing a node do not oversubscribe it.
+        cycle: Horovod's cycle in ms (`cycle_ms`; default HOROVOD_CYCLE_MS); an exported
+            HOROVOD_CYCLE_TIME wins.
         threads_for: rank -> threads (or None for the default); wins over `threads`. Lets CPU
             workers of a mixed job run another thread count than the others.
     """
@@ -91,7 +109,8 @@ def init(threads: Optional[int] = None,
     # rank waiting for the others there spins: with 2 ranks on 2 cores it took about a third of
     # each rank's computing time. 5 ms measured 1.32x sooner to the target for sync and for
     # adaptive (docs/benchmark.md); a collective waits at most one cycle longer to start.
-    os.environ.setdefault("HOROVOD_CYCLE_TIME", str(HOROVOD_CYCLE_MS))
+    # Ranks under a CPU quota get a longer cycle (`cycle_ms`).
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{cycle if cycle is not None else HOROVOD_CYCLE_MS:g}")
     from hvd_adaptive.tfload import tf
     import horovod.tensorflow as hvd
 

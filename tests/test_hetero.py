@@ -82,3 +82,23 @@ def test_cpu_quota_really_slows_a_process_and_is_removed():
         child.wait()
         q.remove()
     assert not q.path.exists()
+
+
+def test_horovods_cycle_grows_as_the_slowest_ranks_quota_shrinks():
+    """The cycle a config's ranks all take (run.smallest_quota -> distributed.cycle_ms): 5 ms
+    at a core or more and without quotas, 5 ms / cores under them, at most 50 ms."""
+    from hvd_adaptive.config import load_config
+    from hvd_adaptive.distributed import cycle_ms
+    from hvd_adaptive.run import smallest_quota
+
+    def cycle(*overrides):
+        cfg, _ = load_config("configs/tiny.yaml", list(overrides))
+        return cycle_ms(smallest_quota(cfg))
+
+    assert cycle() == 5.0  # no quota
+    assert cycle("hetero.slowdown={1: 4.0}") == 5.0  # sleep mode: no quota either
+    quota = ("hetero.mode=cpu_quota", "train.threads=1")
+    assert cycle(*quota, "hetero.cores=[1.0, 2.0]") == 5.0
+    assert cycle(*quota, "hetero.cores=[0.5, 0.25]") == 20.0
+    assert cycle(*quota, "hetero.cores=[0.25, 0.0625]") == 50.0  # 80 ms, capped
+    assert cycle(*quota, "hetero.slowdown={1: 2.0}") == 10.0  # 1 thread / 2
