@@ -58,6 +58,7 @@ def _pick_gpu(tf, local_rank: int) -> Optional[str]:
 
 HOROVOD_CYCLE_MS = 5  # the ranks' Horovod cycle at a core or more (`cycle_ms`, `init`)
 HOROVOD_CYCLE_MAX_MS = 50
+YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"  # set to 1 unless set (`init`)
 
 
 def cycle_ms(smallest_cores: Optional[float] = None) -> float:
@@ -67,12 +68,11 @@ def cycle_ms(smallest_cores: Optional[float] = None) -> float:
     at a fraction f of a core the cycle is HOROVOD_CYCLE_MS / f (at most HOROVOD_CYCLE_MAX_MS),
     keeping the cost's share of the rank's time about that of a full core at 5 ms. Measured
     (docs/benchmark.md): 2 ranks at one core, 5 ms against 20 ms 1.9 against 2.2 s to the target
-    for sync; 2, 4 and 8 ranks at a quarter core, 20 or 50 ms against 5 ms 1.05-1.25x sooner for
-    sync and adaptive SGD alike."""
+    for sync; 2, 4 and 8 ranks at a quarter core, 20 ms against 5 ms 1.03-1.18x sooner for sync
+    and adaptive SGD alike (50 ms about as 20)."""
     if smallest_cores is None or smallest_cores >= 1.0:
         return float(HOROVOD_CYCLE_MS)
     return float(min(HOROVOD_CYCLE_MAX_MS, round(HOROVOD_CYCLE_MS / smallest_cores, 1)))
-YIELD_WHEN_IDLE = "OMPI_MCA_mpi_yield_when_idle"  # set to 1 unless set (`init`)
 
 
 def init(threads: Optional[int] = None,
@@ -83,10 +83,10 @@ def init(threads: Optional[int] = None,
     Args:
         threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
             so ranks sharing a node do not oversubscribe it.
-        cycle: Horovod's cycle in ms (`cycle_ms`; default HOROVOD_CYCLE_MS); an exported
-            HOROVOD_CYCLE_TIME wins.
         threads_for: rank -> threads (or None for the default); wins over `threads`. Lets CPU
             workers of a mixed job run another thread count than the others.
+        cycle: Horovod's cycle in ms (`cycle_ms`; default HOROVOD_CYCLE_MS); an exported
+            HOROVOD_CYCLE_TIME wins.
     """
     import mpi4py
 

@@ -190,7 +190,7 @@ class Merge:
 
         gathered: every rank's `packed()` of this window, in rank order, if the caller has them;
         else one bitwise-or allreduce makes the union. With Horovod's background thread
-        coordinating beside it, each MPI collective cost 50-100 ms at 8 quarter-core ranks,
+        coordinating beside it, each MPI collective cost 30-90 ms at 8 quarter-core ranks,
         whatever its size (docs/benchmark.md)."""
         from mpi4py import MPI
 
