@@ -46,15 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = preset(s.preset, scale=s.scale, **{k: getattr(s, k) for k in ("n_features", "n_labels")
                                               if getattr(s, k) is not None})
     c = distributed.init(cfg.train.threads)
-    if a.core is not None:
-        import atexit
+    if a.core is not None:  # a cluster profile of equal ranks, entered as the trainer does
         import os
-        from hvd_adaptive.hetero import CpuQuota
+        from hvd_adaptive.config import HeteroConfig
+        from hvd_adaptive.hetero import Heterogeneity
 
-        quota = CpuQuota(f"hvd_adaptive-merge{c.rank}-{os.getpid()}", cores=a.core)
-        quota.watch(os.getpid())
-        quota.enter(os.getpid())
-        atexit.register(quota.remove)
+        profile = HeteroConfig(mode="cpu_quota", cores=[a.core] * c.size)
+        Heterogeneity(profile, c.rank).start(c.threads, tag=f"merge{c.rank}-{os.getpid()}")
         c.comm.Barrier()  # every rank in its quota before any times
     import numpy as np
     from hvd_adaptive.tfload import tf

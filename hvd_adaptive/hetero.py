@@ -142,6 +142,16 @@ class Heterogeneity:
         self.rng.bit_generator.state = d["rng"]
 
 
+def smallest_quota(cfg: HeteroConfig, threads: int) -> Optional[float]:
+    """The smallest CPU quota (cores) any rank of this config gets (`Heterogeneity.quota_cores`
+    of every rank the profile or the slowdown names), None without quotas. Known from the config
+    before any rank starts, so every rank can take the same Horovod cycle
+    (distributed.cycle_ms)."""
+    ranks = range(len(cfg.cores)) if cfg.cores else cfg.slowdown.keys()
+    quotas = [Heterogeneity(cfg, r).quota_cores(threads) for r in ranks]
+    return min((q for q in quotas if q is not None), default=None)
+
+
 class CpuQuota:
     """A cgroup limiting its processes to `cores` CPUs' worth of time (v1 or v2).
 

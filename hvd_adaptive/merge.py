@@ -174,12 +174,12 @@ class Merge:
             for a, (v, _, _) in zip(self.anchor, self.items):
                 a.assign(v)
 
-    def packed(self) -> np.ndarray:
-        """This rank's touched-row masks that the merge reads, packed 8 rows a byte: what the
-        union is made of. A caller that gathers them from every rank anyway (adaptive SGD's
-        timing allgather) passes them to the merge, which then needs no collective of its own
-        for the union."""
-        touched = self.model.touched.numpy()
+    def packed(self, touched: Optional[list] = None) -> np.ndarray:
+        """This rank's touched-row masks that the merge reads (`touched`: as read already),
+        packed 8 rows a byte: what the union is made of. A caller that gathers them from every
+        rank anyway (adaptive SGD's timing allgather) passes them to the merge, which then needs
+        no collective of its own for the union."""
+        touched = self.model.touched.numpy() if touched is None else touched
         used = (*self.partial, *self.whole)
         return (np.concatenate([np.packbits(touched[m]) for m in used]) if used
                 else np.zeros(0, np.uint8))
@@ -208,7 +208,7 @@ class Merge:
         else:
             union = np.empty(sum(sizes), np.uint8)
             if used:
-                self.comm.Allreduce(self.packed(), union, op=MPI.BOR)
+                self.comm.Allreduce(self.packed(touched), union, op=MPI.BOR)
         for m, part in zip(used, np.split(union, np.cumsum(sizes)[:-1])):
             anyone = np.unpackbits(part, count=touched[m].size).astype(bool)
             if m in self.partial:

@@ -30,26 +30,15 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
     from hvd_adaptive import distributed
     from hvd_adaptive.algorithms import worker_threads
+    from hvd_adaptive.hetero import smallest_quota
 
     # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
     cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank),
-                               cycle=distributed.cycle_ms(smallest_quota(cfg)))
+                               cycle=distributed.cycle_ms(smallest_quota(cfg.hetero,
+                                                                         cfg.train.threads or 1)))
     train_on(cluster, cfg, run_dir)
     distributed.shutdown()
     return 0
-
-
-def smallest_quota(cfg: Config) -> Optional[float]:
-    """The smallest CPU quota (cores) a rank of this config gets, None without quotas: the
-    cluster profile's smallest entry, or train.threads (1 if unset) over the largest slowdown
-    in cpu_quota mode. Known before any rank starts, so every rank takes the same Horovod cycle."""
-    h = cfg.hetero
-    if h.mode != "cpu_quota":
-        return None
-    if h.cores:
-        return min(h.cores)
-    factors = [f for f in h.slowdown.values()] + [f for p in h.schedule for f in p.slowdown.values()]
-    return (cfg.train.threads or 1) / max(factors) if factors and max(factors) > 1.0 else None
 
 
 def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:

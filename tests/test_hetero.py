@@ -85,15 +85,15 @@ def test_cpu_quota_really_slows_a_process_and_is_removed():
 
 
 def test_horovods_cycle_grows_as_the_slowest_ranks_quota_shrinks():
-    """The cycle a config's ranks all take (run.smallest_quota -> distributed.cycle_ms): 5 ms
+    """The cycle a config's ranks all take (hetero.smallest_quota -> distributed.cycle_ms): 5 ms
     at a core or more and without quotas, 5 ms / cores under them, at most 50 ms."""
     from hvd_adaptive.config import load_config
     from hvd_adaptive.distributed import cycle_ms
-    from hvd_adaptive.run import smallest_quota
+    from hvd_adaptive.hetero import smallest_quota
 
     def cycle(*overrides):
         cfg, _ = load_config("configs/tiny.yaml", list(overrides))
-        return cycle_ms(smallest_quota(cfg))
+        return cycle_ms(smallest_quota(cfg.hetero, cfg.train.threads or 1))
 
     assert cycle() == 5.0  # no quota
     assert cycle("hetero.slowdown={1: 4.0}") == 5.0  # sleep mode: no quota either
