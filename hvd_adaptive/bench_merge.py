@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from hvd_adaptive.hetero import Heterogeneity
 
         profile = HeteroConfig(mode="cpu_quota", cores=[a.core] * c.size)
-        Heterogeneity(profile, c.rank).start(c.threads, tag=f"merge{c.rank}-{os.getpid()}")
+        h = Heterogeneity(profile, c.rank)
+        h.start(c.threads, tag=f"merge{c.rank}-{os.getpid()}")
+        if c.is_root:
+            print(f"rank 0's quota as its cgroup holds it: {h.quota.cores_set():g} cores", flush=True)
         c.comm.Barrier()  # every rank in its quota before any times
     import numpy as np
     from hvd_adaptive.tfload import tf
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         for d in dtypes:
             mw, mp = statistics.median(times[f"merge {d}"]), statistics.median(times[f"plain {d}"])
             print(f"  {d}: weighted merge {mw * 1e3:.1f}, plain allreduce {mp * 1e3:.1f}, "
-                  f"ratio {mw / mp:.3f}, merge's bytes a rank {merges[d].last_bytes / 2**20:.1f} MB")
+                  f"ratio {mw / mp:.3f}, merge's bytes a rank "
+                  f"{merges[d].last_bytes / 2**20:.1f} MB ({merges[d].last_bytes})")
     distributed.shutdown()
     return 0
 

@@ -1,6 +1,7 @@
 """A cluster profile on one machine (issue: a heterogeneous cluster of ranks): `hetero.cores`
 gives every rank its own real cgroup CPU quota (hvd_adaptive/hetero.py)."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -12,7 +13,7 @@ import pytest
 from hvd_adaptive.config import ConfigError, load_config
 from hvd_adaptive.hetero import check_profile
 from hvd_adaptive.run import mpirun_command
-from mpirun import REPO, job_group, mpi_env, mpirun, records, train, train_args
+from mpirun import REPO, explain, job_group, mpi_env, mpirun, records, train, train_args
 
 CPU = Path("/sys/fs/cgroup/cpu")
 PROFILE = "hetero.cores=[0.25, 0.25, 0.25, 0.0625]"
@@ -97,3 +98,19 @@ def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
         while left_behind() and time.time() < deadline:
             time.sleep(0.2)
         assert not left_behind(), f"killed ranks left their cgroups: {left_behind()}"
+
+
+@pytest.mark.mpi
+def test_bench_merge_times_both_wire_types_inside_real_quotas_and_removes_them():
+    """`python -m hvd_adaptive.bench_merge --touched --core --dtypes`: the sparse merge as adaptive
+    SGD makes it, each rank in its own cgroup quota (read back), float16 moving half the bytes."""
+    p = mpirun(2, ["-m", "hvd_adaptive.bench_merge", "--config", "configs/tiny.yaml",
+                   "--touched", "0.3", "--core", "0.5", "--dtypes", "float32", "float16",
+                   "--repeats", "1"], timeout=180)
+    assert p.returncode == 0, explain(p)
+    assert "rank 0's quota as its cgroup holds it: 0.5 cores" in p.stdout, p.stdout
+    sent = {d: float(re.search(rf"{d}: weighted merge .* a rank [0-9.]+ MB \(([0-9]+)\)", p.stdout).group(1))
+            for d in ("float32", "float16")}
+    assert sent["float16"] == pytest.approx(sent["float32"] / 2, rel=0.1), sent
+    assert "sparse merge, each rank marking 0.3 of the rows" in p.stdout, p.stdout
+    assert not list(CPU.glob("hvd_adaptive-merge*")), "cgroups left behind"
