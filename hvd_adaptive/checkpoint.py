@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from hvd_adaptive.config import ConfigError
+from hvd_adaptive.config import WINDOW_MIN_BATCHES, ConfigError
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -288,8 +288,8 @@ def check_resumable(path, state: dict, algorithm: Optional[str], stream: list) -
         path: The checkpoint folder, named in the message.
         state: At least the checkpoint's "algorithm" and "trainer.stream" entries.
         algorithm: This run's train.algorithm; None leaves it to Algorithm.load_state_dict.
-        stream: This run's [train.seed, train.window_samples, training rows]; a None (rows
-            not known before the data is loaded) matches any value.
+        stream: This run's [train.seed, rows a window (TrainConfig.window_rows), training
+            rows]; a None (not known before MPI starts or the data is loaded) matches any value.
 
     Raises:
         ConfigError: Another algorithm or another window stream; the message names the folder.
@@ -301,9 +301,10 @@ def check_resumable(path, state: dict, algorithm: Optional[str], stream: list) -
     if saved is None or any(x is not None and x != y for x, y in zip(stream, saved)):
         shown = [y if x is None else x for x, y in zip(stream, saved or stream)]
         raise ConfigError(
-            f"{path}: checkpoint was taken with [train.seed, train.window_samples, training "
-            f"rows] = {saved}, this run has {shown}; resume with the same values or use another "
-            "--run-dir")
+            f"{path}: checkpoint was taken with [train.seed, rows a window, training rows] = "
+            f"{saved}, this run has {shown} (rows a window: train.window_samples, at least "
+            f"{WINDOW_MIN_BATCHES} batches of train.batch_size a rank); resume with the same "
+            "values or use another --run-dir")
 
 
 def check_before_start(run_dir, algorithm: str, stream: list) -> None:
@@ -426,7 +427,7 @@ class Checkpointer:
     def stream_key(algo) -> list:
         """What the window stream depends on: resuming skips windows, so these must not change."""
         train = algo.cfg.train
-        return [train.seed, train.window_samples, algo.ctx.train.n_rows]
+        return [train.seed, train.window_rows(algo.ctx.cluster.size), algo.ctx.train.n_rows]
 
     def restore(self, algo, log) -> Optional[dict]:
         """Loads the newest good checkpoint into the algorithm (resume auto).

@@ -23,6 +23,10 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+WINDOW_MIN_BATCHES = 2
+"""The fewest batches a rank a round holds (TrainConfig.window_rows)."""
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key's path."""
 
@@ -157,9 +161,13 @@ class TrainConfig:
     """TensorFlow threads per rank; default: the node's cores divided by the ranks on it."""
     log_every_s: float = 10.0
     """Seconds between progress lines on rank 0."""
-    window_samples: int = 8192
+    window_samples: int = 2048
     """Rows per round for all ranks together: the merge window S of adaptive, the averaging
-    period of local and sma, the accounting round of sync. Rounds never cross an epoch."""
+    period of local and sma, the accounting round of sync. Rounds never cross an epoch, and a
+    round holds at least WINDOW_MIN_BATCHES batches a rank (window_rows): at 13,402 labels
+    adaptive SGD reached the target soonest with 2 to 4 batches a rank between merges, and
+    with one its merge came every step and dynamic scheduling had nothing to balance
+    (docs/benchmark.md, "Windows of 2,048 rows")."""
     calibrate_s: float = 2.0
     """Seconds each rank times its standalone speed before the clock starts (at least 8
     steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200
@@ -167,6 +175,13 @@ class TrainConfig:
     eval_memory_mb: float = 256.0
     """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
+
+    def window_rows(self, ranks: Optional[int]) -> int:
+        """The rows of a round at `ranks` ranks: window_samples, raised to WINDOW_MIN_BATCHES
+        batches of batch_size a rank; window_samples itself when the ranks are not known."""
+        if ranks is None:
+            return self.window_samples
+        return max(self.window_samples, WINDOW_MIN_BATCHES * ranks * self.batch_size)
 
     def validate(self, path: str) -> None:
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",

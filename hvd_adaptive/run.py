@@ -79,12 +79,14 @@ def check_inputs(cfg: Config, run_dir: Optional[str] = None) -> None:
     from hvd_adaptive.data import check_sources
 
     check_name(cfg)
-    rows = check_sources(cfg, launched_ranks())
+    ranks = launched_ranks()
+    rows = check_sources(cfg, ranks)
     if run_dir is not None and cfg.checkpoint.resume == "auto":
         from hvd_adaptive.checkpoint import check_before_start
 
         t = cfg.train
-        check_before_start(run_dir, t.algorithm, [t.seed, t.window_samples, rows])
+        window = None if ranks is None else t.window_rows(ranks)
+        check_before_start(run_dir, t.algorithm, [t.seed, window, rows])
 
 
 def launched_ranks() -> Optional[int]:

@@ -93,10 +93,12 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
                                                          min_seconds=cfg.train.calibrate_s))
         t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
+        window = cfg.train.window_rows(cluster.size)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
-                f"{cluster.threads} thread(s) each; standalone rows/s per rank: "
-                + ", ".join(f"{r:.0f}" for r in rates))
-        head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, standalone_rates=rates,
+                f"{cluster.threads} thread(s) each, rounds of {window} rows; standalone rows/s "
+                "per rank: " + ", ".join(f"{r:.0f}" for r in rates))
+        head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, window_rows=window,
+                    standalone_rates=rates,
                     baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
                     horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
                     mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),

@@ -100,8 +100,10 @@ class FakeAlgo:
     def __init__(self, seed=5, rows=100):
         from types import SimpleNamespace as NS
 
-        self.cfg = NS(train=NS(seed=seed, window_samples=64))
-        self.ctx = NS(train=NS(n_rows=rows))
+        from hvd_adaptive.config import TrainConfig
+
+        self.cfg = NS(train=TrainConfig(seed=seed, window_samples=64, batch_size=16))
+        self.ctx = NS(train=NS(n_rows=rows), cluster=NS(size=1))
         self.cluster = NS(size=1)
         self.resized, self.model_differs_by_rank, self.optimizer_differs_by_rank = False, False, True
         self.loaded = None
@@ -143,7 +145,7 @@ def test_training_checkpoint_keeps_the_loops_keys_and_refuses_another_stream(tmp
     assert back["round"] == 10 and back["wall"] == 1.5 and back["evals"] == loop["evals"]
     np.testing.assert_array_equal(back["totals"], loop["totals"])
     assert algo.loaded["algorithm"] == "fake" and log.cut == 123  # metrics.jsonl cut back
-    with pytest.raises(ConfigError, match="train.seed, train.window_samples"):
+    with pytest.raises(ConfigError, match=r"train.seed, rows a window"):
         ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(seed=6), FakeLog(0))
 
 

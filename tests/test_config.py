@@ -23,6 +23,14 @@ def test_defaults_without_file():
     assert cfg.train.algorithm == "sync" and cfg.model.hidden == [128]
 
 
+def test_a_round_holds_at_least_two_batches_a_rank():
+    # 2,048-row windows of 256-row batches: as configured up to 4 ranks, then two batches a
+    # rank; before MPI starts (ranks unknown) the configured value.
+    train = config_from_dict({"train": {"window_samples": 2048, "batch_size": 256}}).train
+    assert [train.window_rows(n) for n in (None, 1, 2, 4, 8, 16)] == [2048, 2048, 2048, 2048,
+                                                                       4096, 8192]
+
+
 def test_file_then_overrides_win(tmp_path):
     p = write(tmp_path, "train:\n  batch_size: 64\n  algorithm: local\nmodel:\n  hidden: [32, 16]\n")
     cfg, _ = load_config(p, ["train.batch_size=128", "hetero.slowdown={1: 2.0}"])

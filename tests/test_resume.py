@@ -123,20 +123,25 @@ def test_adaptive_resumes_on_another_rank_count(tmp_path, adaptive_cut):
     assert records(run, "round")[-1]["samples"] == 4 * 2000
 
 
-@pytest.mark.parametrize("change, needle", [
-    ("train.algorithm=sma", "checkpoint was written by train.algorithm=adaptive, this run uses sma"),
-    ("train.seed=5", "checkpoint was taken with [train.seed, train.window_samples, training rows] "
-                     "= [0, 512, 2000], this run has [5, 512, 2000]"),
-    ("data.synth.n_train=1500", "= [0, 512, 2000], this run has [0, 512, 1500]"),
+@pytest.mark.parametrize("change, needle, ranks", [
+    ("train.algorithm=sma", "checkpoint was written by train.algorithm=adaptive, this run uses sma", 2),
+    ("train.seed=5", "checkpoint was taken with [train.seed, rows a window, training rows] "
+                     "= [0, 512, 2000], this run has [5, 512, 2000]", 2),
+    ("data.synth.n_train=1500", "= [0, 512, 2000], this run has [0, 512, 1500]", 2),
+    # Five ranks of 64-row batches raise the 512-row windows to two batches a rank (640 rows):
+    # another window stream, refused as mpirun launches the job (OMPI_COMM_WORLD_SIZE).
+    ("train.seed=0", "= [0, 512, 2000], this run has [0, 640, 2000] (rows a window: "
+                     "train.window_samples, at least 2 batches of train.batch_size a rank)", 5),
 ])
-def test_resume_refuses_a_checkpoint_of_another_run_before_tensorflow(tmp_path, adaptive_cut, change, needle):
+def test_resume_refuses_a_checkpoint_of_another_run_before_tensorflow(tmp_path, adaptive_cut, change,
+                                                                      needle, ranks):
     # Refused from the newest checkpoint's state.json before MPI and TensorFlow start
     # (run.check_inputs), in one line naming it; the folder is left as it was.
     run = shutil.copytree(adaptive_cut, tmp_path / "run")
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
     args = ["train", "--config", "configs/tiny.yaml", "--run-dir", str(run), "--resume",
             *[a for s in (*CUT, change) for a in ("--set", s)]]
-    p = before_tf(args)
+    p = before_tf(args, OMPI_COMM_WORLD_SIZE=str(ranks))
     assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
     line = f"hvd-adaptive: error: {run / 'checkpoints' / 'ckpt-8'}: "
     assert line in p.stderr and needle in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]

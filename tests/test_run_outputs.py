@@ -23,9 +23,11 @@ def start_up_lines(stderr: str) -> list[str]:
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("outputs") / "run"
     # Rank 1 enters its quota and leaves every evaluation 1.5 s late (test hooks): neither may
-    # reach the calibration or the training clock.
+    # reach the calibration or the training clock. Windows of 128 rows are raised to two
+    # batches of 64 a rank.
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "train", "--config", "configs/tiny.yaml",
-                   "--run-dir", str(run_dir), "--set", "train.epochs=2", "--set", "train.eval_every=1"],
+                   "--run-dir", str(run_dir), "--set", "train.epochs=2", "--set", "train.eval_every=1",
+                   "--set", "train.window_samples=128"],
                HVD_ADAPTIVE_SLOW_EVAL=f"1:{SLOW_EVAL_S}", HVD_ADAPTIVE_SLOW_START=f"1:{SLOW_EVAL_S}",
                **LOUD)
     assert p.returncode == 0, f"exit {p.returncode}\n{p.stderr[-3000:]}"
@@ -54,6 +56,16 @@ def test_no_rank_calibrates_before_every_rank_is_in_its_quota(finished):
     # allgather, which calibration_s (rank 0's calibration and that allgather) counts.
     start = records(finished[0], "start")[0]
     assert start["calibration_s"] < SLOW_EVAL_S / 2, start
+
+
+@pytest.mark.mpi
+def test_a_round_holds_two_batches_a_rank_when_the_window_is_smaller(finished):
+    start = records(finished[0], "start")[0]
+    assert start["window_rows"] == 256, start
+    rows = [r["samples"] for r in records(finished[0], "round")]
+    steps = [b - a for a, b in zip([0] + rows, rows)]
+    assert max(steps) == 256 and all(s <= 256 for s in steps), steps  # less only at an epoch's end
+    assert rows[-1] == 2 * 2000
 
 
 def read_events(folder):

@@ -1,8 +1,9 @@
 """What every training algorithm shares: the data stream, the local step, simulated slowdown.
 
-An algorithm trains in rounds. A round covers `train.window_samples` rows of the epoch's
-shuffled stream (fewer at the end of an epoch); for model-averaging algorithms it ends with a
-merge. `run_round` returns this rank's accounting for the round, or None when training is over.
+An algorithm trains in rounds. A round covers `train.window_rows(ranks)` rows of the epoch's
+shuffled stream (`train.window_samples`, at least two batches a rank; fewer at the end of an
+epoch); for model-averaging algorithms it ends with a merge. `run_round` returns this rank's
+accounting for the round, or None when training is over.
 
 Checkpoints: `state_dict` / `load_state_dict` cover the model, the optimizer, the data position
 and the jitter RNG here; subclasses add their own state (batch sizes, central model, ...).
@@ -176,7 +177,7 @@ class Algorithm:
     # ---- data stream ---------------------------------------------------------------------
     def _window_stream(self) -> Iterator[Window]:
         n = self.ctx.train.n_rows
-        s = self.cfg.train.window_samples
+        s = self.cfg.train.window_rows(self.ctx.cluster.size)
         epochs = self.cfg.train.epochs
         index = 0
         for epoch in range(math.ceil(epochs)):
