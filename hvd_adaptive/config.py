@@ -176,11 +176,9 @@ class TrainConfig:
     """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
 
-    def window_rows(self, ranks: Optional[int]) -> int:
+    def window_rows(self, ranks: int) -> int:
         """The rows of a round at `ranks` ranks: window_samples, raised to WINDOW_MIN_BATCHES
-        batches of batch_size a rank; window_samples itself when the ranks are not known."""
-        if ranks is None:
-            return self.window_samples
+        batches of batch_size a rank."""
         return max(self.window_samples, WINDOW_MIN_BATCHES * ranks * self.batch_size)
 
     def validate(self, path: str) -> None:

@@ -24,11 +24,9 @@ def test_defaults_without_file():
 
 
 def test_a_round_holds_at_least_two_batches_a_rank():
-    # 2,048-row windows of 256-row batches: as configured up to 4 ranks, then two batches a
-    # rank; before MPI starts (ranks unknown) the configured value.
+    # 2,048-row windows of 256-row batches: as configured up to 4 ranks, then two batches a rank.
     train = config_from_dict({"train": {"window_samples": 2048, "batch_size": 256}}).train
-    assert [train.window_rows(n) for n in (None, 1, 2, 4, 8, 16)] == [2048, 2048, 2048, 2048,
-                                                                       4096, 8192]
+    assert [train.window_rows(n) for n in (1, 2, 4, 8, 16)] == [2048, 2048, 2048, 4096, 8192]
 
 
 def test_file_then_overrides_win(tmp_path):
