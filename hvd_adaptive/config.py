@@ -167,7 +167,8 @@ class TrainConfig:
     round holds at least WINDOW_MIN_BATCHES batches a rank (window_rows): at 13,402 labels
     adaptive SGD reached the target soonest with 2 to 4 batches a rank between merges, and
     with one its merge came every step and dynamic scheduling had nothing to balance
-    (docs/benchmark.md, "Windows of 2,048 rows")."""
+    (docs/benchmark.md, "Windows of 2,048 rows"). At 67,009 labels, whose merges move a
+    larger output layer, 4,096 rows were as fast or faster on 2 ranks (configs/bench.yaml)."""
     calibrate_s: float = 2.0
     """Seconds each rank times its standalone speed before the clock starts (at least 8
     steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200
