@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from mpirun import run as run_job
+from mpirun import run as run_job, start_up_lines
 
 pytestmark = pytest.mark.mpi  # horovodrun starts real MPI ranks
 
@@ -34,3 +34,6 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     progress = [line for line in p.stdout.splitlines() if "P@1" in line]
     assert progress and progress[-1].startswith("done: P@1"), p.stdout[-3000:]
     assert "[1,0]<stdout>:" not in p.stdout, p.stdout[-3000:]
+    # Quiet unless --verbose: neither the ranks nor horovodrun (which imports TensorFlow to
+    # check Horovod's build) show TensorFlow's start-up messages.
+    assert start_up_lines(p.stderr) == [], p.stderr[-3000:]

@@ -6,17 +6,10 @@ import sys
 
 import pytest
 
-from mpirun import REPO, mpi_env, mpirun, records
+from mpirun import REPO, mpi_env, mpirun, records, start_up_lines
 
-# Pieces of the lines TensorFlow (through absl) prints at start-up on every rank.
-START_UP = ("absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary is optimized",
-            "oneDNN custom operations", "rebuild TensorFlow with the appropriate compiler flags")
 # The environment asks for every message: the run must keep them back unless --verbose.
 LOUD = {"TF_CPP_MIN_LOG_LEVEL": "0"}
-
-
-def start_up_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if any(s in line for s in START_UP)]
 
 
 @pytest.fixture(scope="module")

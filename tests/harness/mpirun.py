@@ -15,6 +15,16 @@ from hvd_adaptive.run import mpirun_command
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent
 
+# Pieces of the lines TensorFlow (through absl) prints at start-up in every process that imports
+# it: the ranks, and horovodrun itself (it imports TensorFlow to check Horovod's build).
+START_UP = ("absl::InitializeLog", "cpu_feature_guard", "This TensorFlow binary is optimized",
+            "oneDNN custom operations", "rebuild TensorFlow with the appropriate compiler flags")
+
+
+def start_up_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` that are TensorFlow's start-up messages."""
+    return [line for line in stderr.splitlines() if any(s in line for s in START_UP)]
+
 
 def mpi_env(**extra: str) -> dict:
     env = dict(os.environ)
