@@ -12,25 +12,15 @@ The first import also logs INFO lines through absl's C++ logging before absl is 
 then "I0000 ... port.cc:153] oneDNN custom operations are on ..."). On some hosts TensorFlow
 2.21 writes them whatever TF_CPP_MIN_LOG_LEVEL says (seen on an AMD EPYC host: level 3 still
 printed them). So where TF_CPP_MIN_LOG_LEVEL asks for quiet (1 or more: INFO filtered, as
-TensorFlow documents it), the import's stderr goes through `start_up_filter`, which drops those
-INFO lines and absl's notice and passes everything else on (warnings, errors, tracebacks).
+TensorFlow documents it), the import's stderr goes through `tflines.start_up_filter`, which
+drops those INFO lines and absl's notice and passes everything else on (warnings, errors,
+tracebacks).
 """
 import os
-import re
 import sys
 import tempfile
 
-# absl's INFO prefix (severity I, MMDD, time, thread, file:line]; before absl's initialization
-# the date reads 0000 and the time 00:00:<seconds since 1970>) and its pre-initialization notice.
-_INFO = re.compile(rb"^I\d{4} [\d:.]+ +\d+ [^ \]]+:\d+\] ")
-_NOTICE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
-
-
-def start_up_filter(text: bytes) -> bytes:
-    """The lines of `text` that are not absl INFO lines nor absl's pre-initialization notice."""
-    kept = [line for line in text.splitlines(keepends=True)
-            if not _INFO.match(line) and line.rstrip(b"\r\n") != _NOTICE]
-    return b"".join(kept)
+from hvd_adaptive.tflines import start_up_filter
 
 
 def _quiet() -> bool:

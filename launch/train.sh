@@ -18,16 +18,14 @@ export PATH="$VENV/bin:$PATH"
 untag='s/^\[[0-9]*,0\]<std\(out\|err\)>://'
 # horovodrun imports TensorFlow itself (to check Horovod's build), and TensorFlow 2.21 prints its
 # start-up INFO lines whatever TF_CPP_MIN_LOG_LEVEL says on some hosts: unless --verbose they
-# are dropped here as the ranks drop theirs (hvd_adaptive/tfload.py); warnings and errors pass.
-quiet='/^WARNING: All log messages before absl::InitializeLog() is called are written to STDERR$/d
-/^I[0-9]\{4\} [0-9:.]\+ \+[0-9]\+ [^ ]\+:[0-9]\+\] /d'
+# are dropped (hvd_adaptive/tflines.py, as the ranks drop theirs); warnings and errors pass.
+quiet=("$VENV/bin/python" -m hvd_adaptive.tflines)
 case " $* " in
-  *" --verbose "*) quiet='' ;;
+  *" --verbose "*) quiet=(cat) ;;
   *) export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} ;;
 esac
 rc=0
 horovodrun --mpi -np "$NP" -H "localhost:$NP" hvd-adaptive train --config "$CONFIG" "$@" \
-  > >(sed -u "$untag") 2> >(sed -u "$untag
-$quiet" >&2) || rc=$?
+  > >(sed -u "$untag") 2> >(sed -u "$untag" | "${quiet[@]}" >&2) || rc=$?
 wait  # the two filters' last lines
 exit $rc

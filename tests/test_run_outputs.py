@@ -150,8 +150,9 @@ def test_verbose_shows_them():
 
 def test_start_up_filter_drops_absl_info_lines_and_keeps_the_rest():
     """What hvd_adaptive.tfload keeps of the first TensorFlow import's stderr where quiet is asked
-    for (on hosts where TensorFlow prints its start-up lines whatever TF_CPP_MIN_LOG_LEVEL says)."""
-    from hvd_adaptive.tfload import start_up_filter
+    for (on hosts where TensorFlow prints its start-up lines whatever TF_CPP_MIN_LOG_LEVEL says),
+    and launch/train.sh of horovodrun's."""
+    from hvd_adaptive.tflines import start_up_filter
 
     notice = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
     info = (b"I0000 00:00:1795553424.558654    6481 port.cc:153] oneDNN custom operations are on. "
