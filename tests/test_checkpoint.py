@@ -97,14 +97,14 @@ def test_checkpointer_refuses_a_non_finite_model(tmp_path):
 class FakeAlgo:
     """What Checkpointer.save_training and restore use of an Algorithm."""
 
-    def __init__(self, seed=5, rows=100):
+    def __init__(self, seed=5, rows=100, ranks=1):
         from types import SimpleNamespace as NS
 
         from hvd_adaptive.config import TrainConfig
 
         self.cfg = NS(train=TrainConfig(seed=seed, window_samples=64, batch_size=16))
-        self.ctx = NS(train=NS(n_rows=rows), cluster=NS(size=1))
-        self.cluster = NS(size=1)
+        self.cluster = NS(size=ranks)
+        self.ctx = NS(train=NS(n_rows=rows), cluster=self.cluster)
         self.resized, self.model_differs_by_rank, self.optimizer_differs_by_rank = False, False, True
         self.loaded = None
 
@@ -147,6 +147,10 @@ def test_training_checkpoint_keeps_the_loops_keys_and_refuses_another_stream(tmp
     assert algo.loaded["algorithm"] == "fake" and log.cut == 123  # metrics.jsonl cut back
     with pytest.raises(ConfigError, match=r"train.seed, rows a window"):
         ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(seed=6), FakeLog(0))
+    # The same window_samples on 3 ranks: 64-row windows are raised to two batches of 16 a rank,
+    # another stream, refused also where the rank count was not known before MPI (srun).
+    with pytest.raises(ConfigError, match=r"this run has \[5, 96, 100\]"):
+        ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(ranks=3), FakeLog(0))
 
 
 # ---- real ranks ------------------------------------------------------------------------------
