@@ -27,6 +27,9 @@ class Cluster:
     device: str   # "/GPU:0" or "/CPU:0"
     threads: int  # TensorFlow intra-op threads of this rank
     comm: Any     # mpi4py communicator over all ranks
+    # Threads MPI and Horovod started in this process (their background and progress threads):
+    # their CPU time is communication, which a rank's standalone speed leaves out.
+    comm_threads: frozenset = frozenset()
 
     @property
     def is_root(self) -> bool:
@@ -98,6 +101,7 @@ def init(threads: Optional[int] = None,
     # exported value (or `mpirun --mca mpi_yield_when_idle 0`) wins.
     os.environ.setdefault(YIELD_WHEN_IDLE, "1")
     mpi4py.rc.thread_level = "multiple"
+    before = thread_ids()
     from mpi4py import MPI
 
     # Horovod's background thread calls MPI while this thread calls mpi4py: a lower level than
@@ -128,8 +132,41 @@ def init(threads: Optional[int] = None,
     tf.config.threading.set_intra_op_parallelism_threads(n_threads)
     tf.config.threading.set_inter_op_parallelism_threads(min(2, n_threads))
     device = _pick_gpu(tf, hvd.local_rank()) or "/CPU:0"
+    # Importing TensorFlow starts no thread (its pools start with its context, after this), so
+    # the threads new since MPI's initialization are MPI's and Horovod's.
     return Cluster(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
-                   local_size=local_size, device=device, threads=n_threads, comm=comm)
+                   local_size=local_size, device=device, threads=n_threads, comm=comm,
+                   comm_threads=frozenset(thread_ids() - before))
+
+
+def thread_ids() -> set[int]:
+    """The kernel's ids of this process's threads (empty where /proc has no task list)."""
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def threads_cpu_s(tids: frozenset) -> float:
+    """CPU seconds the threads `tids` of this process have run so far (those that ended count
+    no more). Reads the kernel's per-thread run time in nanoseconds (/proc schedstat), or its
+    clock ticks (/proc stat) where schedstat is missing; 0.0 where /proc has neither."""
+    total = 0.0
+    for tid in tids:
+        task = f"/proc/self/task/{tid}"
+        try:
+            with open(f"{task}/schedstat") as f:
+                total += int(f.read().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            with open(f"{task}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def mpi_control_variable(name: str) -> Optional[int]:

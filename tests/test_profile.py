@@ -44,10 +44,15 @@ def test_a_profile_must_fit_the_job_and_the_node():
         check_profile([node / 2 + 0.5] * 2, 1, 2, [node / 2 + 0.5] * 2)
 
 
+# Steps of about 10 ms of one core: the tiny config's steps (under 1 ms) are shorter than a
+# sixteenth core's 1 ms slice of its quota, so that rank's throttling, not its share, set its pace.
+STEP_WORK = ("train.batch_size=256", "model.hidden=[256]", "data.synth.n_labels=1000")
+
+
 @pytest.mark.mpi
 def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_path):
-    s = train(4, tmp_path / "run", PROFILE, *QUOTA, "train.algorithm=adaptive", "train.epochs=1",
-              "train.calibrate_s=2", timeout=300)  # the default calibration: 200 quota periods
+    s = train(4, tmp_path / "run", PROFILE, *QUOTA, *STEP_WORK, "train.algorithm=adaptive",
+              "train.epochs=1", "train.calibrate_s=2", timeout=300)
     # The ranks' Horovod cycle follows the slowest quota (5 ms / 0.0625 cores, capped at 50)
     # unless HOROVOD_CYCLE_TIME says otherwise.
     start = records(tmp_path / "run", "start")[0]
@@ -56,13 +61,13 @@ def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_pa
     got = [r["quota_cores"] for r in s["per_rank"]]
     assert got == [0.25, 0.25, 0.25, 0.0625], f"quotas read back from the ranks' cgroups: {got}"
     rates = np.array([r["standalone_rate"] for r in s["per_rank"]])
-    # A quarter core against a sixteenth: 4x if the rates were the quotas alone. Four ranks
-    # calibrate at once, and a rank's Horovod thread spends part of its quota waiting for the
-    # others' at every cycle, which pulls single rates down at random (quarter-core ranks 1.3-2.1x
-    # apart). The fastest of them over the slow rank: 2.75-3.7 in 4 runs here. (With half a core
-    # against an eighth, and the median, CI once read 1.83.) An unslowed rank reads about 1-2.
-    ratio = rates[:3].max() / rates[3]
-    assert 2.0 < ratio < 8.0, f"standalone rows/s {rates}: the slow rank at 1/{ratio:.2f}"
+    # Standalone rates leave out the CPU time Horovod's thread spends in each rank's quota
+    # waiting for the throttled ranks (Algorithm.training_seconds): counted in, it took the
+    # quarter-core ranks 1.1-1.7x apart and their ratio to the slow rank to 1.7-3.2.
+    fast = rates[:3]
+    assert fast.max() / fast.min() < 1.25, f"standalone rows/s {rates}: equal quotas, unequal rates"
+    ratio = np.median(fast) / rates[3]
+    assert 3.0 < ratio < 5.5, f"standalone rows/s {rates}: the slow rank at 1/{ratio:.2f}, quotas 1/4"
     assert not left_behind(), "the run left its cgroups behind"
 
 

@@ -21,7 +21,7 @@ from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
-from hvd_adaptive.distributed import Cluster
+from hvd_adaptive.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
 
@@ -236,14 +236,33 @@ class Algorithm:
             # stall the process between spans. (One process at a quarter core measured 1/4.2-4.8
             # of its unslowed rate either way; the one 4-rank run that read 1/1.45 by the spans
             # against 1/2 by the wall clock was within that profile's run-to-run spread.)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            comm0 = threads_cpu_s(self.cluster.comm_threads)
             while done < steps or time.perf_counter() - t0 < min_seconds:
                 b = batches[done % steps]
                 self.hetero.compute(self._local_step, *b)
                 rows += int(b[-1])
                 done += 1
             seconds = time.perf_counter() - t0
-        return rows / seconds
+            comm = threads_cpu_s(self.cluster.comm_threads) - comm0
+            cpu = time.process_time() - cpu0
+        return rows / self.training_seconds(seconds, cpu, comm)
+
+    def training_seconds(self, seconds: float, cpu_s: float, comm_cpu_s: float) -> float:
+        """Of `seconds` of calibration, those this rank would have needed alone.
+
+        Under a CPU quota, MPI's and Horovod's threads spend the rank's own quota: Horovod's
+        background thread coordinates the ranks once a cycle and spins in MPI until the last
+        one answers, and a throttled rank answers late, so a fast rank beside a much slower
+        one lost a large and varying part of its quota there. That is communication, not this
+        rank's speed: those CPU seconds (`comm_cpu_s`, of the process's `cpu_s`) are given back
+        at the quota's pace, never below the time the rest of the CPU seconds needed at that
+        pace. Without a quota those threads run beside the training on other cores.
+        """
+        if self.hetero.quota is None:
+            return seconds
+        cores = self.hetero.quota.cores
+        return max(seconds - comm_cpu_s / cores, (cpu_s - comm_cpu_s) / cores)
 
     @contextmanager
     def unchanged(self) -> Iterator[None]:
