@@ -14,6 +14,16 @@ same span in every algorithm; the `quota` scenario slows the rank's whole proces
 cgroup CPU quota), and the same clock (training seconds on rank 0, evaluation excluded).
 Contenders whose defaults are not their own carry their tuned settings in CONTENDERS.
 
+`horovod` is the yardstick users recognize: not the project's training at all, but the plain
+Horovod script a user would write instead (hvd_adaptive/plain_horovod.py: tf.Variables,
+DistributedGradientTape, one tf.function step), started as `mpirun -np N python -m
+hvd_adaptive.plain_horovod` with the same config and overrides. A CPU quota (the `quota`
+scenario, cluster profiles) reaches it as it reaches the project's runs: its whole process in
+the same cgroup. The sleep slowdown multiplies only the project's own computation spans, which
+a plain script does not have: `horovod` is left out of the `slowed` and `vary` scenarios, with
+a line saying so. It measures its own standalone rates (its step without the allreduce) for the
+limit, and has no breakdown of its time ("-" in those columns).
+
 Scenarios (`--scenarios`, the slowed rank is the last): `even`; `slowed` (sleep mode) and
 `quota` (a cgroup CPU quota) once per factor of `--slowdown`; `vary`: the last rank runs at
 full speed, turns `--slowdown`'s first factor slower a third of the way to the target and
@@ -61,23 +71,42 @@ CONTENDERS = {
     "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
                        "adaptive.row_norm=false", "adaptive.label_norm=false",
                        "adaptive.lr_scaling=linear"],
+    # the plain Horovod script (SCRIPTS): its own training, the config as every contender's
+    "horovod": [],
 }
+# Contenders that are scripts of their own rather than `hvd-adaptive train`: name -> module.
+SCRIPTS = {"horovod": "hvd_adaptive.plain_horovod"}
+# Scenarios whose slowdown only the project's training can apply (sleep mode), and why.
+SLEEP_SCENARIOS = ("slowed", "vary")
 SCENARIOS = ("even", "slowed", "quota", "vary")
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
 
-def train_args(config: str, sets: list[str], run_dir: Path) -> list[str]:
-    """A contender's `python ARGS`: no checkpoints (the runs are read for their metrics only;
-    a full benchmark at 67,009 labels would keep about 10 GB of models), then `sets`."""
-    args = ["-m", "hvd_adaptive.cli", "train", "--config", config, "--run-dir", str(run_dir)]
+def train_args(config: str, sets: list[str], run_dir: Path, contender: str = "") -> list[str]:
+    """A contender's `python ARGS`: `hvd-adaptive train`, or the contender's own script
+    (SCRIPTS); no checkpoints (the runs are read for their metrics only; a full benchmark at
+    67,009 labels would keep about 10 GB of models), then `sets`."""
+    program = ["-m", SCRIPTS[contender]] if contender in SCRIPTS else ["-m", "hvd_adaptive.cli", "train"]
+    args = [*program, "--config", config, "--run-dir", str(run_dir)]
     for s in ["checkpoint.keep=0", *sets]:
         args += ["--set", s]
     return args
 
 
-def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
-    """Trains one contender; returns its summary and eval records."""
-    cmd, env = mpirun_command(ranks, train_args(config, sets, run_dir))
+def skip_reason(contender: str, scenario: str) -> Optional[str]:
+    """Why `contender` cannot run `scenario` (None: it can): a plain script in a sleep-mode
+    scenario, whose slowdown it has no way to apply."""
+    if contender in SCRIPTS and scenario in SLEEP_SCENARIOS:
+        return (f"{contender} skipped in the {scenario} scenario: its slowdown (hetero.mode=sleep) "
+                "multiplies only the project's own computation spans, which a plain script does "
+                "not have; the quota scenario slows it as it slows the others")
+    return None
+
+
+def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: str = "") -> dict:
+    """Trains one contender (`contender` names a SCRIPTS entry, else `hvd-adaptive train`);
+    returns its summary and eval records."""
+    cmd, env = mpirun_command(ranks, train_args(config, sets, run_dir, contender))
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
@@ -87,10 +116,10 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path) -> dict:
 
 
 def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
-               what: str, t0: float) -> dict:
+               what: str, t0: float, contender: str = "") -> dict:
     """`run_one` with the benchmark's progress lines: what runs, then its time to the target."""
     print(f"[bench {time.time() - t0:6.0f} s] {what}", flush=True)
-    res = run_one(config, ranks, sets, run_dir)
+    res = run_one(config, ranks, sets, run_dir, contender)
     t = time_to_target(res["evals"], target)
     print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
     return res
@@ -105,9 +134,11 @@ def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
     n = time_to_target(run["evals"], target, key="samples")
     totals = {k: sum(r.get(k, 0.0) for r in s["per_rank"]) for k in PARTS}
     spent = sum(totals.values()) or 1.0
+    # A run without the breakdown (the plain Horovod script times none of it) shows none.
+    timed = any(k in r for r in s["per_rank"] for k in PARTS)
     rate = n / t if t and n else None
     out = {"t": t, "samples": n, "rate": rate, "eff": s["efficiency"], "final": s["final"]["p_at_1"],
-           **{k: totals[k] / spent for k in PARTS}}
+           **{k: totals[k] / spent if timed else None for k in PARTS}}
     if limit:
         out["eff"] = rate / limit["rate"] if rate else None
         out["of_limit"] = limit["t"] / t if t and limit.get("t") else None
@@ -280,13 +311,18 @@ def main(argv: list[str] | None = None) -> int:
                 n_rows = _train_rows(out)
                 phases[label] = [(vary[0] * n_rows, 1.0), (vary[1] * n_rows, factor), (float("inf"), 1.0)]
             for name, sets in contenders.items():
+                why = skip_reason(name, scen)
+                if why:
+                    if rep == 0:
+                        print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)
+                    continue
                 run_sets = sets + a.set + scen_sets + [f"train.target_p_at_1={target}"]
                 if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
                 res = run_logged(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}", target,
-                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0)
+                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n"
             f"{table(results, target, phases)}\n")
@@ -311,7 +347,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Pat
             for name, csets in runs.items():
                 res = run_logged(a.config, n, csets + a.set + sets + [f"train.target_p_at_1={target}"],
                                  out / f"{kind}{n}-{name}-r{rep}", target,
-                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0)
+                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     data = scaling.rows(results, target)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "

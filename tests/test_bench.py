@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from hvd_adaptive.algorithms import ALGORITHMS
-from hvd_adaptive.bench import CONTENDERS, limits, scenario_list, scenario_sets, table, train_args
+from hvd_adaptive.bench import (CONTENDERS, limits, measures, scenario_list, scenario_sets,
+                                 skip_reason, table, train_args)
 
 
 def run(p1s, compute_s, rates=(60.0, 40.0)):
@@ -121,3 +122,45 @@ def test_the_scaling_figure_names_a_bad_file(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ReportError, match="x.json: not a scaling.json"):
         scaling.plot(tmp_path / "x.json", tmp_path / "s.png")
+
+
+def test_the_plain_horovod_script_is_a_contender_of_its_own():
+    """`horovod` runs hvd_adaptive.plain_horovod with the same config and overrides, sits out
+    the sleep-mode scenarios (a plain script has no computation spans to slow), and shows no
+    time breakdown rather than zeros."""
+    args = train_args("configs/tiny.yaml", ["train.epochs=2"], Path("runs/x"), "horovod")
+    assert args == ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir",
+                    "runs/x", "--set", "checkpoint.keep=0", "--set", "train.epochs=2"]
+    assert train_args("configs/tiny.yaml", [], Path("runs/x"), "sync")[:3] == ["-m", "hvd_adaptive.cli", "train"]
+    assert all("plain script" in skip_reason("horovod", s) for s in ("slowed", "vary"))
+    assert skip_reason("horovod", "even") is None and skip_reason("horovod", "quota") is None
+    assert skip_reason("sync", "slowed") is None
+    r = run([0.2, 0.5], 1.0)
+    for rank in r["summary"]["per_rank"]:
+        for k in ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s"):
+            del rank[k]
+    m = measures(r, 0.45)
+    assert m["compute_s"] is None and m["comm_s"] is None and m["t"] == pytest.approx(1.8333, rel=1e-3)
+
+
+@pytest.mark.mpi
+def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
+    """The real benchmark on the tiny data: a horovod row with figures in the even scenario,
+    and a printed line instead of a run in the sleep-mode one."""
+    import sys
+
+    from mpirun import explain, mpi_env, run as run_job
+
+    out = tmp_path / "bench"
+    p = run_job([sys.executable, "-m", "hvd_adaptive.bench", "--config", "configs/tiny.yaml",
+                 "--algorithms", "sync", "horovod", "--scenarios", "even", "slowed", "--slowdown", "2",
+                 "--target", "0.6", "--out", str(out)], timeout=300, env=mpi_env())
+    assert p.returncode == 0, explain(p)
+    assert "horovod skipped in the slowed scenario" in p.stdout, p.stdout
+    text = (out / "bench.txt").read_text()
+    even, slowed = text.split("\nrank 1 slowed")
+    row = next(line.split() for line in even.splitlines() if line.startswith("horovod"))
+    assert row[1] != "-" and float(row[1]) > 0, text  # it reached P@1 0.6: seconds to it
+    assert row[7:] == ["-"] * 5, text  # no breakdown of its time
+    assert not any(line.startswith("horovod") for line in slowed.splitlines()), text
+    assert (out / "even-horovod-r0" / "summary.json").is_file()

@@ -1,0 +1,97 @@
+"""Run under mpirun: the plain Horovod script's step (hvd_adaptive/plain_horovod.py) does the
+project's maths: from the same initial weights, on the same global batches, its steps and the
+project's `sync` steps leave the same weights and optimizer state.
+
+Usage: mpirun -np 2 python tests/parallel/check_horovod_reference.py CASE [CASE ...]
+  CASE: OPTIMIZER[:deep] (sgd, momentum, adagrad, rowwise_adagrad; `deep`: two hidden layers,
+  so a dense hidden kernel sits between the row-sparse input layer and the output layer); the
+  cases run one after another in the same ranks.
+
+Per case both are built on the tiny config: the project's Sync algorithm (as the trainer builds
+it, broadcast and traced) and the plain script's model, optimizer and tf.function step. The
+plain model must come out of its own initialisation equal to the project's (same scheme, same
+seed); it is then loaded with the project's weights anyway, so the steps start from the same
+point whatever the initialisation. STEPS global batches of ranks x batch_size rows are taken
+from a shuffle; each rank trains its equal slice with both (sync's share-weighted Sum over
+ranks, the plain script's DistributedGradientTape Average). Every step's local loss must agree,
+and in the end every variable and optimizer slot, within float tolerance. Before anything else
+the program checks that importing the plain script pulled in none of the project's training
+modules. Exit code 0 means every check held.
+"""
+import sys
+
+import numpy as np
+
+from hvd_adaptive import plain_horovod  # first: what it imports is checked right below
+
+# The plain script is the yardstick only if it shares none of the project's training path.
+TRAINING_PATH = ("trainer", "algorithms", "model", "merge", "balance", "distributed")
+_pulled = [m for m in TRAINING_PATH if f"hvd_adaptive.{m}" in sys.modules]
+assert not _pulled, f"importing hvd_adaptive.plain_horovod imported hvd_adaptive.{_pulled}"
+
+from cases import each_case  # noqa: E402
+
+STEPS = 8
+
+
+def check(case: str, c) -> None:
+    optimizer, _, shape = case.partition(":")
+    # Adagrad's first step on a row is lr x sign(g): eps 0.01 damps the steps of gradients of
+    # float-noise size, whose sign the two computations' summation orders would decide.
+    opt_sets = {"sgd": ["optim.lr=0.5"], "momentum": ["optim.lr=0.1"],
+                "adagrad": ["optim.lr=0.1", "optim.eps=0.01"],
+                "rowwise_adagrad": ["optim.lr=0.1", "optim.eps=0.01"]}[optimizer]
+    from hvd_adaptive.config import load_config
+
+    cfg, _ = load_config("configs/tiny.yaml", [
+        "train.algorithm=sync", f"optim.name={optimizer}", *opt_sets,
+        *(["model.hidden=[48, 32]"] if shape == "deep" else [])])
+    from hvd_adaptive.algorithms.base import RoundStats
+    from hvd_adaptive.data import epoch_permutation, load_data
+    from real_algorithm import build
+
+    train, _ = load_data(cfg, c)
+    algo = build(cfg, c, train)  # Sync, set up (rank 0's weights broadcast) and traced
+    plain = plain_horovod.PlainHorovod(cfg, train.n_features, train.n_labels)
+    project = algo.variables
+    assert len(project) == len(plain.net.ordered), (len(project), len(plain.net.ordered))
+    for i, (a, b) in enumerate(zip(project, plain.net.ordered)):
+        np.testing.assert_array_equal(b.numpy(), a.numpy(),
+                                      err_msg=f"variable {i}: initialisation differs from the project's")
+        b.assign(a)  # load: the same start whatever the initialisation
+    start = [v.numpy() for v in project]
+    with plain.unchanged():  # trace the plain step (collective: every rank) without effects
+        plain.step(*plain_horovod.batch(train, np.arange(8)))
+
+    perm = epoch_permutation(train.n_rows, 123, 0)
+    size = cfg.train.batch_size * c.size
+    losses = []
+    for s in range(STEPS):
+        mine = np.array_split(perm[s * size:(s + 1) * size], c.size)[c.rank]
+        stats = RoundStats(epoch=0.0, batch_size=cfg.train.batch_size)
+        algo.step(mine, 1.0 / c.size, stats)  # the project's sync step on the same rows
+        loss = float(plain.step(*plain_horovod.batch(train, mine)))
+        losses.append((stats.loss_sum / stats.samples, loss))
+    np.testing.assert_allclose([b for _, b in losses], [a for a, _ in losses], rtol=1e-5,
+                               err_msg="a step's local loss differs from sync's")
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(project, plain.net.ordered)):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-6,
+                                   err_msg=f"variable {i} differs from sync's after {STEPS} steps")
+        worst = max(worst, float(np.abs(b.numpy() - a.numpy()).max()))
+    moved = max(float(np.abs(a.numpy() - s0).max()) for a, s0 in zip(project, start))
+    assert moved > 1e-3, f"the steps hardly moved the weights ({moved}): nothing was compared"
+    if optimizer != "sgd":
+        for i, (slots, s) in enumerate(zip(algo.opt.slots, plain.opt.slots)):
+            np.testing.assert_allclose(s.numpy(), slots[0].numpy(), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"optimizer state of variable {i} differs from sync's")
+    if c.is_root:
+        print(f"horovod reference ok ({case}): {STEPS} steps, losses {losses[0][1]:.4f} -> "
+              f"{losses[-1][1]:.4f}, weights moved up to {moved:.3g}, largest difference "
+              f"{worst:.2g}", flush=True)
+
+
+if __name__ == "__main__":
+    from hvd_adaptive.distributed import exit_process
+
+    exit_process(each_case(check))
