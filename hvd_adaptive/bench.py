@@ -183,16 +183,30 @@ def _median(xs: list) -> Optional[float]:
 
 
 # (header, measure, format) of the table's columns after the contender's name
-COLUMNS = (("s->target", "t", "{:.1f}"), ("rows->tgt", "samples", "{:.0f}"),
-           ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("sync/this", "ratio", "{:.2f}"),
+COLUMNS = (("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("rows->tgt", "samples", "{:.0f}"),
+           ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("ref/this", "ratio", "{:.2f}"),
+           ("range", "ratio_range", "{}"),
            ("of_limit", "of_limit", "{:.2f}"),
            ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
            ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
 
 
-def table(results: dict, target: float, phases: Optional[dict] = None) -> str:
-    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table (medians);
-    `phases` maps a time-varying scenario's label to its phases (see `limits`)."""
+def reference_of(contenders) -> str:
+    """The contender every ratio is against: the plain Horovod script when it runs, else sync."""
+    return "horovod" if "horovod" in contenders else "sync"
+
+
+def _span(xs: list, fmt: str = "{:.2f}") -> Optional[str]:
+    xs = [x for x in xs if x is not None]
+    return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else None
+
+
+def table(results: dict, target: float, phases: Optional[dict] = None,
+          reference: str = "sync") -> str:
+    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table: medians and ranges
+    over the repeats (seeds); `ratio` is `reference`'s time to the target over the
+    contender's, the median of the repeats' ratios, each within one seed; `phases` maps a
+    time-varying scenario's label to its phases (see `limits`)."""
     lines = []
     for scenario, algos in results.items():
         reps = max(len(v) for v in algos.values())
@@ -205,11 +219,14 @@ def table(results: dict, target: float, phases: Optional[dict] = None) -> str:
             head += f"; limit {lim['t']:.1f} s to target"
         lines.append(head)
         m = {name: [measures(r, target, lim) for r in runs] for name, runs in algos.items()}
-        ref = _median([x["t"] for x in m.get("sync", [])])
+        ref = m.get(reference, [])
+        lines[-1] += f"\n  ref/this: {reference}'s time to the target over the contender's, per seed"
         cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: _median([x[k] for x in ms]) for k in ms[0]}
-            med["ratio"] = ref / med["t"] if ref and med["t"] else None
+            ratios = [r["t"] / x["t"] if r["t"] and x["t"] else None for r, x in zip(ref, ms)]
+            med["ratio"], med["ratio_range"] = _median(ratios), _span(ratios)
+            med["t_range"] = _span([x["t"] for x in ms], "{:.1f}")
             cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
         lines.append(align(cells, text_columns=1))
     return "\n".join(lines)
@@ -272,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=SCENARIOS)
     ap.add_argument("--target", type=float, default=None,
                     help="P@1 target (default: 90%% of sync's final P@1 in the first even run)")
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="repeats, each with its own seed (train.seed and model.init_seed: 1, 2, ...)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="the repeats' seeds (default 1 to --repeats)")
     ap.add_argument("--set", action="append", default=[], help="extra overrides for every run")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--scaling", type=int, nargs="+", default=None, metavar="RANKS",
@@ -287,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
     contenders = {name: CONTENDERS[name] for name in a.algorithms}
     contenders.update(parse_variants(a.variant))
+    seeds = a.seeds or list(range(1, a.repeats + 1))
+    a.repeats = len(seeds)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
@@ -294,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     if target is None:  # sync's full run fixes the target; every other run stops there
         print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
-        ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set, out / "reference-sync")
+        ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
+                      out / "reference-sync")
         target = 0.9 * ref["summary"]["final"]["p_at_1"]
         print(f"[bench] target P@1 {target:.4f} (90% of {ref['summary']['final']['p_at_1']:.4f})", flush=True)
     (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
     if a.scaling:
-        return run_scaling(a, contenders, target, out, t0)
+        return run_scaling(a, contenders, target, out, t0, seeds)
     phases: dict = {}
     for rep in range(a.repeats):
         for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
@@ -316,16 +339,16 @@ def main(argv: list[str] | None = None) -> int:
                     if rep == 0:
                         print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)
                     continue
-                run_sets = sets + a.set + scen_sets + [f"train.target_p_at_1={target}"]
+                run_sets = sets + a.set + scen_sets + seed_sets(seeds[rep]) + [f"train.target_p_at_1={target}"]
                 if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
                 res = run_logged(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}", target,
-                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
+                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
-    text = (f"benchmark: {a.config}, {a.ranks} ranks, overrides {a.set or 'none'}\n"
-            f"{table(results, target, phases)}\n")
+    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set or 'none'}\n"
+            f"{table(results, target, phases, reference_of(contenders))}\n")
     print(text)
     (out / "bench.txt").write_text(text)
     print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
@@ -333,7 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Path, t0: float) -> int:
+def seed_sets(seed: int) -> list[str]:
+    """A repeat's seed: the data order (train.seed) and the initial weights (model.init_seed)."""
+    return [f"train.seed={seed}", f"model.init_seed={seed}"]
+
+
+def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Path, t0: float,
+                seeds: list[int]) -> int:
     """The scaling benchmark (hvd_adaptive/scaling.py): every contender at every rank count of
     every profile, interleaved per repeat; writes bench.txt and scaling.json."""
     from hvd_adaptive import scaling
@@ -345,7 +374,8 @@ def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Pat
             # One rank: minibatch SGD whatever the contender (speedups are over this run).
             runs = {"sync": CONTENDERS["sync"]} if n == 1 else contenders
             for name, csets in runs.items():
-                res = run_logged(a.config, n, csets + a.set + sets + [f"train.target_p_at_1={target}"],
+                res = run_logged(a.config, n, csets + a.set + sets + seed_sets(seeds[rep])
+                                 + [f"train.target_p_at_1={target}"],
                                  out / f"{kind}{n}-{name}-r{rep}", target,
                                  f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)

@@ -5,6 +5,7 @@ Usage:
   mpirun -np 2 hvd-adaptive train --config FILE --set train.algorithm=adaptive --run-dir runs/x
   mpirun -np 2 hvd-adaptive train --config FILE --run-dir runs/x --resume   # after a failure
   hvd-adaptive train ...                 # without a launcher: one rank
+  mpirun -np 2 hvd-adaptive tune --config FILE    # the rate optim.lr=auto chooses, no training
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
@@ -32,6 +33,15 @@ def _train(args: argparse.Namespace) -> int:
     sets = [*args.set, "checkpoint.resume=auto"] if args.resume else args.set
     cfg, _ = load_config(args.config, sets, extra_sections=("sweep",))
     return run_training(cfg, args.run_dir, verbose=args.verbose)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from hvd_adaptive.config import load_config
+    from hvd_adaptive.run import run_training
+
+    cfg, _ = load_config(args.config, [*args.set, "optim.lr=auto", "checkpoint.keep=0"],
+                         extra_sections=("sweep",))
+    return run_training(cfg, args.run_dir, verbose=args.verbose, choose_only=True)
 
 
 def _synth(args: argparse.Namespace) -> int:
@@ -123,6 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(same as --set checkpoint.resume=auto)")
     t.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     t.set_defaults(fn=_train)
+
+    u = sub.add_parser("tune", help="print the learning rate optim.lr=auto chooses for a config, "
+                       "without training (under the same launcher and ranks as the training)")
+    u.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
+    u.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable; value parsed as YAML)")
+    u.add_argument("--run-dir", help="folder for the probe's config.json and start record "
+                   "(default runs/<algorithm>-<time>)")
+    u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    u.set_defaults(fn=_tune)
 
     d = sub.add_parser("data", help="data utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)

@@ -19,7 +19,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 
@@ -119,8 +119,10 @@ class OptimConfig:
     rowwise_adagrad: Adagrad with one accumulator a row on the row-sparse layers (the input
     layer's features; the sampled output layer's labels) and Adagrad's elsewhere
     (model.Optimizer): less optimizer state for adaptive SGD's merges to move."""
-    lr: float = 0.5
-    """Base learning rate (lr0 of the papers: the rate at the largest batch)."""
+    lr: Union[float, Literal["auto"]] = 0.5
+    """Base learning rate (lr0 of the papers: the rate at the largest batch), or "auto": chosen
+    at start by a short probe of candidate rates on the training rows (hvd_adaptive.tune),
+    whose time is charged to the run's clock. Not available for hogbatch."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9
@@ -130,7 +132,9 @@ class OptimConfig:
     """L2 decay added to the gradient of the rows/parameters an update touches."""
 
     def validate(self, path: str) -> None:
-        _positive(self, path, "lr", "eps")
+        _positive(self, path, "eps")
+        if self.lr != "auto":
+            _positive(self, path, "lr")
         if self.weight_decay < 0:
             raise ConfigError(f"{path}.weight_decay: must be >= 0, got {self.weight_decay}")
         for k in ("momentum", "beta1", "beta2"):
@@ -504,6 +508,10 @@ class Config:
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
+        if self.optim.lr == "auto" and "hogbatch" in self.train.algorithm:
+            raise ConfigError(f"optim.lr: auto is not available for train.algorithm="
+                              f"{self.train.algorithm} (its workers share one model while they "
+                              "train); pin a rate")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -530,8 +538,16 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, path)
+        why = []
+        for a in inner:  # the first type that takes the value
+            try:
+                return _convert(a, value, path)
+            except ConfigError as e:
+                why.append(str(e).split(": ", 1)[-1])
+        raise ConfigError(f"{path}: {' or '.join(why)}")
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{path}: must be one of {list(typing.get_args(tp))}, got {value!r}")

@@ -295,7 +295,9 @@ class Optimizer(tf.Module):
                  row_axes: Optional[Sequence[Optional[int]]] = None):
         super().__init__(name="optimizer")
         self.cfg = cfg
-        self.lr = tf.Variable(cfg.lr, dtype=tf.float32, trainable=False, name="lr")
+        # optim.lr "auto" is set once the probe has chosen (hvd_adaptive.tune).
+        lr = 0.0 if cfg.lr == "auto" else cfg.lr
+        self.lr = tf.Variable(lr, dtype=tf.float32, trainable=False, name="lr")
         self.t = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="t")
         if cfg.name == "rowwise_adagrad" and row_axes is None:
             raise ValueError("rowwise_adagrad needs the row axes of the model's layers (row_axes)")

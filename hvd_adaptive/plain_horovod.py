@@ -43,9 +43,11 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
+from hvd_adaptive import tune
 from hvd_adaptive.config import ConfigError, load_config
 from hvd_adaptive.data import epoch_permutation, load_data
 from hvd_adaptive.hetero import Heterogeneity, smallest_quota
@@ -116,10 +118,10 @@ class Net(tf.Module):
     def logits(self, ids, vals, seg, n, training=False):
         return tf.matmul(self.hidden(ids, vals, seg, n, training), self.kernels[-1]) + self.biases[-1]
 
-    def loss(self, ids, vals, seg, labels, label_row, n):
+    def loss(self, ids, vals, seg, labels, label_row, n, training=True):
         """Mean over the rows with labels of softmax cross-entropy against their labels, each of
         a row's k labels weighted 1/k (the multi-hot target normalized to sum 1)."""
-        z = self.logits(ids, vals, seg, n, training=True)
+        z = self.logits(ids, vals, seg, n, training=training)
         k = tf.math.unsorted_segment_sum(tf.ones_like(labels, tf.float32), label_row, n)
         target = tf.gather_nd(z, tf.stack([label_row, labels], 1)) / tf.gather(k, label_row)
         xent = tf.reduce_logsumexp(z, 1) - tf.math.unsorted_segment_sum(target, label_row, n)
@@ -134,7 +136,9 @@ class Optimizer(tf.Module):
 
     def __init__(self, ocfg, variables):
         super().__init__(name="plain_opt")
-        self.cfg, self.lr = ocfg, tf.constant(ocfg.lr, tf.float32)
+        # A variable, so optim.lr auto can set the chosen rate without retracing.
+        self.cfg = ocfg
+        self.lr = tf.Variable(0.0 if ocfg.lr == "auto" else ocfg.lr, trainable=False)
         shapes = [[v.shape[0], 1] if i == 0 and ocfg.name == "rowwise_adagrad" else v.shape
                   for i, v in enumerate(variables)]
         self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.zeros(s)) for s in shapes]
@@ -200,12 +204,16 @@ class PlainHorovod:
         def top5(ids, vals, seg, n):
             return tf.math.top_k(self.net.logits(ids, vals, seg, n), k=min(5, n_labels)).indices
 
-        self.step, self.alone, self.top5 = step, alone, top5
+        @tf.function(input_signature=SIGNATURE, autograph=False)
+        def held_out_loss(*b):
+            return self.net.loss(*b, training=False)
+
+        self.step, self.alone, self.top5, self.held_out_loss = step, alone, top5, held_out_loss
 
     @contextmanager
     def unchanged(self):
         """Steps inside change nothing (tracing and timing before the clock)."""
-        keep = [*self.net.ordered, *self.opt.slots]
+        keep = [*self.net.ordered, *self.opt.slots, self.opt.lr]
         saved = [np.array(v.numpy(), copy=True) for v in keep]
         try:
             yield
@@ -268,6 +276,33 @@ def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
         return done * size / (time.perf_counter() - t0)
 
 
+def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
+    """optim.lr auto, the way the project chooses (hvd_adaptive.tune.choose: its candidates,
+    rows and rule), each candidate trained with this script's own step without the allreduce,
+    from the broadcast start, which is put back; None when the rate is pinned."""
+    if cfg.optim.lr != "auto":
+        return None
+    rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
+    steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
+    held = batch(train, held_rows)
+
+    def try_rate(lr: float) -> float:
+        with plain.unchanged():
+            plain.opt.lr.assign(lr)
+            for b in steps:
+                plain.alone(*b)
+            return float(plain.held_out_loss(*held))
+
+    choice = tune.choose(tune.candidates_for(cfg.optim.name), try_rate,
+                         float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
+                         hvd.allgather_object, cfg.optim.name)
+    choice.rows, choice.held_out_rows = len(rows), len(held_rows)
+    plain.opt.lr.assign(choice.lr)
+    if hvd.rank() == 0:
+        print(choice.line(), flush=True)
+    return choice
+
+
 class _Ranks:
     """What hvd_adaptive.data's loader needs of the job: rank 0 first, then the others."""
 
@@ -289,6 +324,8 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=0)
     with plain.unchanged():  # traced and run once before the clock, as the project's steps
         plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
+        if cfg.optim.lr == "auto":
+            plain.held_out_loss(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
     evaluate(plain, test_ds, cfg, inv_prop, rows=1)  # traced before the clock and any quota
     quota = Heterogeneity(cfg.hetero, rank)
     said = quota.start(threads, tag=f"rank{rank}-{os.getpid()}")
@@ -296,6 +333,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         print(f"[rank {rank}] {said}\n", end="", flush=True)
     hvd.allreduce(tf.zeros([1]), name="in_quota").numpy()  # every rank slowed before any times
     rates = hvd.allgather(tf.constant([standalone_rate(plain, train_ds, cfg)])).numpy().tolist()
+    choice = choose_lr(plain, train_ds, cfg)
     log = open(run_dir / "metrics.jsonl", "w", buffering=1) if root else None
 
     def record(**rec):
@@ -305,8 +343,10 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
            baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
            global_batch=ranks * cfg.train.batch_size, threads=threads,
            horovod_cycle_ms=float(os.environ["HOROVOD_CYCLE_TIME"]),
-           mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"))
-    t, clock = cfg.train, {"wall": 0.0, "began": time.perf_counter()}
+           mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+           lr=float(plain.opt.lr.numpy()), lr_choice=choice.record() if choice else None)
+    # The choice's seconds count, as they do in the project's runs.
+    t, clock = cfg.train, {"wall": choice.seconds if choice else 0.0, "began": time.perf_counter()}
     samples, mine, batches, evals, progress, loss = 0, 0, 0, [], 0.0, None
 
     def evaluate_now() -> bool:

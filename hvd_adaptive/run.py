@@ -18,13 +18,15 @@ from typing import Optional
 from hvd_adaptive.config import Config, resolve
 
 
-def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> int:
+def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False,
+                 choose_only: bool = False) -> int:
     """Initializes the ranks, trains, shuts down; any rank's failure ends the whole job.
 
     Args:
         cfg: the validated config.
         run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
         verbose: keep TensorFlow's and absl's start-up messages on stderr.
+        choose_only: stop once the settings are chosen (`hvd-adaptive tune`), before training.
     """
     check_inputs(cfg, run_dir)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
@@ -36,12 +38,12 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False) -> 
     cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank),
                                cycle=distributed.cycle_ms(smallest_quota(cfg.hetero,
                                                                          cfg.train.threads or 1)))
-    train_on(cluster, cfg, run_dir)
+    train_on(cluster, cfg, run_dir, choose_only)
     distributed.shutdown()
     return 0
 
 
-def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:
+def train_on(cluster, cfg: Config, run_dir: Optional[str], choose_only: bool = False) -> None:
     """One run on ranks that have started (`distributed.init`, inputs checked): the config
     resolved, the folder agreed, trained; any rank's failure ends the whole job.
 
@@ -49,6 +51,7 @@ def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:
         cluster: this rank's distributed.Cluster.
         cfg: the validated config.
         run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
+        choose_only: stop once the settings are chosen, before training.
     """
     from hvd_adaptive import distributed, trainer
 
@@ -58,7 +61,7 @@ def train_on(cluster, cfg: Config, run_dir: Optional[str]) -> None:
         # Every rank must write to the same folder: rank 0 names it, the others receive it.
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
         name = cluster.comm.bcast(name, root=0)
-        trainer.train(cfg, Path(name), cluster)
+        trainer.train(cfg, Path(name), cluster, choose_only)
 
 
 def check_inputs(cfg: Config, run_dir: Optional[str] = None) -> None:

@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 from hvd_adaptive.tfload import tf
 
-from hvd_adaptive import algorithms
+from hvd_adaptive import algorithms, tune
 from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config
@@ -50,8 +50,9 @@ def itstime(progress: float, every: float, last: float) -> bool:
     return math.floor(progress / every + 1e-9) > math.floor(last / every + 1e-9)
 
 
-def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
-    """Trains with the configured algorithm; returns the summary (identical on every rank)."""
+def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = False) -> dict:
+    """Trains with the configured algorithm; returns the summary (identical on every rank).
+    With `choose_only` it stops once the start record (the chosen settings) is written."""
     log = RunLog(run_dir, cluster.is_root)
     log.write_json("config.json", cfg.to_dict())
     t_load = time.perf_counter()
@@ -93,6 +94,12 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
                                                          min_seconds=cfg.train.calibrate_s))
         t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
+        # optim.lr auto: chosen inside the ranks' slowdowns, its seconds charged to the clock.
+        choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x))
+        if choice is not None:
+            algo.set_lr(choice.lr)
+            run.position.wall += choice.seconds
+            log.say(choice.line())
         window = cfg.train.window_rows(cluster.size)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
                 f"{cluster.threads} thread(s) each, rounds of {window} rows; standalone rows/s "
@@ -102,11 +109,14 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster) -> dict:
                     baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
                     horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
                     mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),
-                    calibration_s=round(t_cal, 3))
+                    calibration_s=round(t_cal, 3), lr=float(algo.cfg.optim.lr),
+                    lr_choice=choice.record() if choice is not None else None)
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
         else:
             log.record(event="start", **head)
+        if choose_only:
+            return head
         run.loop()
         return run.finish(rates, base_p1)
 

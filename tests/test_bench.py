@@ -22,22 +22,28 @@ def run(p1s, compute_s, rates=(60.0, 40.0)):
 def test_table_medians_ratio_limit_and_missing_values():
     results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.2, 0.3, 0.5], 1.0, rates=(80, 40)),
                                  run([0.5], 1.0)],
-                        "adaptive": [run([0.4], 3.0, rates=(20, 40))]}}
+                        "adaptive": [run([0.4], 3.0, rates=(20, 40))],
+                        "local": [run([0.5], 1.0), run([0.2, 0.5], 1.0), run([0.1, 0.2, 0.3, 0.5], 1.0)]}}
     lines = table(results, 0.45).splitlines()
     assert "medians over 3 repeat(s)" in lines[1]
-    # per rank the median over all four runs (60, 80, 60, 20 and four 40s: 60 and 40 rows/s,
-    # where the mean would say 55); the runs' sums 100, 120, 100, 60
+    # per rank the median over all seven runs (60, 80, 60, 20, 60, 60, 60 and seven 40s: 60 and
+    # 40 rows/s, where the mean would say 57); the runs' sums 60 to 120
     assert "standalone rows/s per rank (median of the scenario's runs): 60, 40; sum 100" in lines[2]
     assert "(runs spread 100%)" in lines[2]
     # sync's rows to 0.45: 183, 275, 100 -> median 183 at 100 rows/s: 1.83 s
     assert "limit 1.8 s to target" in lines[2]
-    assert lines[3].split() == ["contender", "s->target", "rows->tgt", "rows/s", "effic.", "sync/this",
-                                "of_limit", "compute", "comm", "allgat", "wait", "batch"]
-    # sync: 1.83 s, 183 rows, 100 rows/s -> efficiency 1.00 of the sum, and at the limit
-    assert lines[4].split()[:7] == ["sync", "1.8", "183", "100", "1.00", "1.00", "1.00"]
+    assert "ref/this: sync's time to the target over the contender's, per seed" in lines[3]
+    assert lines[4].split() == ["contender", "s->target", "range", "rows->tgt", "rows/s", "effic.",
+                                "ref/this", "range", "of_limit", "compute", "comm", "allgat", "wait",
+                                "batch"]
+    # sync: 1.83 s (1.0 to 2.75 over the seeds), 183 rows, 100 rows/s -> efficiency 1.00 of the
+    # sum, and at the limit
+    assert lines[5].split()[:9] == ["sync", "1.8", "1.0-2.8", "183", "100", "1.00", "1.00", "1.00-1.00", "1.00"]
     # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction
-    assert lines[5].split() == ["adaptive", "-", "-", "-", "-", "-", "-", "0.75", "0.25", "0.00",
-                                "0.00", "0.00"]
+    assert lines[6].split() == ["adaptive", "-", "-", "-", "-", "-", "-", "-", "-", "0.75", "0.25",
+                                "0.00", "0.00", "0.00"]
+    # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50
+    assert lines[7].split()[6:8] == ["1.50", "0.27-1.83"]
 
 
 def test_limit_of_a_time_varying_scenario_sums_its_phases():
@@ -161,6 +167,8 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     even, slowed = text.split("\nrank 1 slowed")
     row = next(line.split() for line in even.splitlines() if line.startswith("horovod"))
     assert row[1] != "-" and float(row[1]) > 0, text  # it reached P@1 0.6: seconds to it
-    assert row[7:] == ["-"] * 5, text  # no breakdown of its time
+    assert row[-5:] == ["-"] * 5, text  # no breakdown of its time
+    assert "ref/this: horovod's time to the target" in even, text  # the ratios' denominator
+    assert row[6] == "1.00", text
     assert not any(line.startswith("horovod") for line in slowed.splitlines()), text
     assert (out / "even-horovod-r0" / "summary.json").is_file()

@@ -70,6 +70,11 @@ class Auto(Algorithm):
     def on_calibrated(self, rates: list) -> None:
         self.grad.on_calibrated(rates)
 
+    def set_lr(self, lr: float) -> None:
+        super().set_lr(lr)
+        self.grad.set_lr(lr)
+        self.avg.set_lr(lr)
+
     def train_window(self, w: Window) -> RoundStats:
         a = self.cfg.auto
         mode = choose_mode(w.index, self.rates, self.last_probe, a.averaging_cost, a.probe_every)

@@ -10,6 +10,7 @@ and the jitter RNG here; subclasses add their own state (batch sizes, central mo
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from contextlib import contextmanager
@@ -174,6 +175,12 @@ class Algorithm:
 
         self._local_step = local_step
 
+        @tf.function(input_signature=BATCH_SIGNATURE, autograph=False)
+        def held_out_loss(*batch):  # optim.lr auto's judge (hvd_adaptive.tune.probe)
+            return self.model.loss(*batch, training=False)
+
+        self.held_out_loss = held_out_loss
+
     # ---- data stream ---------------------------------------------------------------------
     def _window_stream(self) -> Iterator[Window]:
         n = self.ctx.train.n_rows
@@ -288,12 +295,23 @@ class Algorithm:
         """
         for fn in self.step_functions():
             fn.get_concrete_function()
+        if self.cfg.optim.lr == "auto":
+            self.held_out_loss.get_concrete_function()
         with self.unchanged():
             self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
 
     def on_calibrated(self, rates: list) -> None:
         """Receives every rank's standalone rows/s (Algorithm.calibrate, allgathered) before
         the clock starts."""
+
+    def probe_step(self, *batch) -> None:
+        """One local training step, slowed as configured (hvd_adaptive.tune.probe)."""
+        self.hetero.compute(self._local_step, *batch)
+
+    def set_lr(self, lr: float) -> None:
+        """Takes `lr` as optim.lr from now on (optim.lr auto's choice, or a checkpoint's)."""
+        self.cfg = dataclasses.replace(self.cfg, optim=dataclasses.replace(self.cfg.optim, lr=lr))
+        self.opt.lr.assign(lr)
 
     def run_round(self) -> Optional[RoundStats]:
         w = self.next_window()
@@ -332,7 +350,7 @@ class Algorithm:
         opt = {f"opt.{i}": v.numpy() for i, v in enumerate(self.opt.slot_variables())}
         opt["opt.lr"] = float(self.opt.lr.numpy())
         d = {"algorithm": self.name, "ranks": self.cluster.size, "windows": self.windows_done,
-             "rank.rng": self.hetero.state()["rng"]}
+             "rank.rng": self.hetero.state()["rng"], "optim.lr": float(self.cfg.optim.lr)}
         for part, differs in ((model, self.model_differs_by_rank),
                               (opt, self.optimizer_differs_by_rank)):
             d.update({("rank." + k if differs else k): v for k, v in part.items()})
@@ -354,6 +372,8 @@ class Algorithm:
             _assign(v, d, f"{pre_m}model.{i}")
         for i, v in enumerate(self.opt.slot_variables()):
             _assign(v, d, f"{pre_o}opt.{i}")
+        if self.cfg.optim.lr == "auto" and "optim.lr" in d:  # the rate this run's probe chose
+            self.set_lr(float(d["optim.lr"]))
         self.opt.lr.assign(d[pre_o + "opt.lr"])
         if not self.resized:  # the jitter stream of a rank that no longer exists means nothing
             self.hetero.load_state({"rng": d["rank.rng"]})

@@ -1,0 +1,153 @@
+"""optim.lr auto (hvd_adaptive/tune.py): the rate a short probe chooses, the same on every rank,
+recorded, charged to the clock, moving with the data; a pinned rate is used as given."""
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvd_adaptive import tune
+from hvd_adaptive.config import ConfigError, load_config
+from hvd_adaptive.data import preset, synth_to_files
+from mpirun import explain, mpirun, records, train
+
+ADAGRAD = ("optim.name=rowwise_adagrad", "optim.lr=auto")
+
+
+def test_the_lowest_held_out_loss_wins_and_no_learning_is_an_error():
+    assert tune.pick([0.1, 0.2, 0.4], [2.0, 1.5, 1.7], 3.0, "adagrad") == 0.2
+    assert tune.pick([0.1, 0.2, 0.4], [2.0, float("nan"), 1.9], 3.0, "adagrad") == 0.4
+    with pytest.raises(ConfigError, match=r"optim.lr=auto: no candidate rate of adagrad learned .* "
+                                          r"from 3 to 0.1: 3, 0.2: nan.*pin optim.lr"):
+        tune.pick([0.1, 0.2], [3.0, float("nan")], 3.0, "adagrad")
+
+
+def test_the_probe_judges_on_rows_it_did_not_train():
+    for n, batch in ((100_000, 256), (2000, 64), (40, 64)):
+        trained, held = tune.probe_rows(n, batch)
+        assert len(held) == min(tune.HELD_OUT_ROWS, n // 4) and len(trained) > 0
+        assert len(trained) <= tune.PROBE_STEPS * batch
+        assert not set(trained) & set(held)
+        again = tune.probe_rows(n, batch)  # the same rows on every rank
+        assert (again[0] == trained).all() and (again[1] == held).all()
+
+
+def test_auto_is_a_rate_setting_and_hogbatch_refuses_it():
+    assert load_config("configs/tiny.yaml", ["optim.lr=auto"])[0].optim.lr == "auto"
+    with pytest.raises(ConfigError, match=r"optim.lr: expected a number, got 'fast' or must be one of \['auto'\]"):
+        load_config("configs/tiny.yaml", ["optim.lr=fast"])
+    with pytest.raises(ConfigError, match=r"optim.lr: auto is not available for train.algorithm=hogbatch"):
+        load_config("configs/tiny.yaml", ["optim.lr=auto", "train.algorithm=hogbatch"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["sync", "adaptive"])
+def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path, algorithm):
+    s = train(2, tmp_path / "run", *ADAGRAD, f"train.algorithm={algorithm}", "train.epochs=2")
+    start = records(tmp_path / "run", "start")[0]
+    choice = start["lr_choice"]
+    assert start["lr"] == choice["lr"] and choice["lr"] in choice["candidates"]
+    assert choice["candidates"] == list(tune.candidates_for("rowwise_adagrad"))
+    assert all(math.isfinite(l) for l in choice["losses"]), choice  # each rank tried its share
+    assert min(choice["losses"]) < choice["start_loss"]
+    assert choice["losses"][choice["candidates"].index(choice["lr"])] == min(choice["losses"])
+    assert choice["seconds"] > 0
+    walls = [r["wall_s"] for r in records(tmp_path / "run", "round")]
+    a_round = float(np.median(np.diff(walls)))
+    assert walls[0] >= choice["seconds"] + 0.5 * a_round, (walls, choice["seconds"],
+                                                          "the probe's seconds start the clock")
+    lrs = {r["rank"]: r["lr"] for rec in records(tmp_path / "run", "round") for r in rec["ranks"]}
+    if algorithm == "sync":  # every rank steps at the chosen rate
+        assert lrs == {0: pytest.approx(choice["lr"]), 1: pytest.approx(choice["lr"])}, lrs
+    else:  # warm-up ramps to the chosen rate, scaled by each rank's batch (balance.adaptive_lr)
+        assert all(0 < lr <= choice["lr"] * 1.0001 for lr in lrs.values()), lrs
+    assert s["final"]["p_at_1"] > 2 * start["baseline_p_at_1"]
+
+
+@pytest.mark.mpi
+def test_a_pinned_rate_is_used_as_given_without_a_probe(tmp_path):
+    train(2, tmp_path / "run", "optim.name=rowwise_adagrad", "optim.lr=0.07", "train.epochs=1")
+    start = records(tmp_path / "run", "start")[0]
+    assert start["lr"] == 0.07 and start["lr_choice"] is None
+    lrs = [r["lr"] for rec in records(tmp_path / "run", "round") for r in rec["ranks"]]
+    assert lrs == pytest.approx([0.07] * len(lrs)), lrs
+
+
+def _files(tmp_path: Path, scale: float = 1.0, labels: bool = True) -> tuple[Path, Path]:
+    """The tiny config's data as XC files, feature values times `scale`, or without labels."""
+    spec = preset("eurlex4k", scale=0.1, n_train=2000, n_test=500, n_features=2000,
+                  n_labels=100, nnz_mean=30, labels_mean=2)
+    src = tmp_path / "src"
+    if not (src / "train.txt").exists():
+        synth_to_files(spec, src)
+    out = tmp_path / f"x{scale:g}{'' if labels else '-nolabels'}"
+    out.mkdir()
+    for name in ("train.txt", "test.txt"):
+        lines = (src / name).read_text().splitlines()
+        rows = []
+        for line in lines[1:]:
+            head, _, feats = line.partition(" ")
+            feats = " ".join(f"{i}:{float(v) * scale:.6g}" for i, v in
+                             (f.split(":") for f in feats.split()))
+            rows.append(f"{head if labels or name == 'test.txt' else ''} {feats}")
+        (out / name).write_text("\n".join([lines[0], *rows]) + "\n")
+    return out / "train.txt", out / "test.txt"
+
+
+def _tune(tmp_path: Path, name: str, train_file: Path, test_file: Path):
+    return mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
+                      "--run-dir", str(tmp_path / name), "--set", "optim.name=rowwise_adagrad",
+                      "--set", f"data.train={train_file}", "--set", f"data.test={test_file}"],
+                  timeout=180)
+
+
+@pytest.mark.mpi
+def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_no_labels(tmp_path):
+    chosen = {}
+    for scale in (1.0, 16.0):
+        p = _tune(tmp_path, f"tune{scale:g}", *_files(tmp_path, scale))
+        assert p.returncode == 0, explain(p)
+        line = re.search(r"optim.lr auto: ([0-9.]+) \(held-out loss", p.stdout)
+        assert line, p.stdout
+        chosen[scale] = float(line.group(1))
+        assert not records(tmp_path / f"tune{scale:g}", "round"), "tune trained"
+        assert records(tmp_path / f"tune{scale:g}", "start")[0]["lr"] == chosen[scale]
+    # Row-wise Adagrad steps each weight by about lr whatever its gradient: 16x the feature
+    # values move the hidden layer 16x as far a step, so the best rate falls.
+    assert chosen[16.0] < chosen[1.0], chosen
+    p = _tune(tmp_path, "nolabels", *_files(tmp_path, 1.0, labels=False))
+    assert p.returncode != 0
+    assert re.search(r"optim.lr=auto: no candidate rate of rowwise_adagrad learned in the probe "
+                     r"\(held-out loss from 0 to 0.025: 0, 0.05: 0", p.stdout + p.stderr), explain(p)
+
+
+@pytest.mark.mpi
+def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
+    """The benchmark's yardstick takes optim.lr auto the same way (hvd_adaptive.tune.choose):
+    the same candidates, rows and rule, with its own step, from the same start."""
+    sets = [*ADAGRAD, "train.epochs=0.5"]
+    project = train(2, tmp_path / "project", *sets)
+    args = ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml",
+            "--run-dir", str(tmp_path / "plain")]
+    p = mpirun(2, args + [x for s in sets for x in ("--set", s)], timeout=180)
+    assert p.returncode == 0, explain(p)
+    ours = records(tmp_path / "project", "start")[0]["lr_choice"]
+    theirs = records(tmp_path / "plain", "start")[0]["lr_choice"]
+    assert theirs["lr"] == ours["lr"] and theirs["candidates"] == ours["candidates"]
+    assert records(tmp_path / "plain", "start")[0]["lr"] == pytest.approx(ours["lr"])
+    assert theirs["losses"] == pytest.approx(ours["losses"], rel=1e-4), (theirs, ours)
+    assert theirs["start_loss"] == pytest.approx(ours["start_loss"], rel=1e-5)
+    assert project["final"]["p_at_1"] > 0
+
+
+@pytest.mark.mpi
+def test_a_resumed_run_keeps_its_choice_without_a_new_probe(tmp_path):
+    run = tmp_path / "run"
+    train(2, run, *ADAGRAD, "train.algorithm=adaptive", "train.epochs=1")
+    chosen = records(run, "start")[0]["lr"]
+    # Raised epochs train on from the final checkpoint (checkpoint.resume=auto is --resume).
+    train(2, run, *ADAGRAD, "train.algorithm=adaptive", "train.epochs=2", "checkpoint.resume=auto")
+    again = records(run, "resume")[0]
+    assert again["lr"] == chosen and again["lr_choice"] is None, again
