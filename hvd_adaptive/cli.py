@@ -45,6 +45,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
+    from hvd_adaptive.config import ConfigError
     from hvd_adaptive.data import preset, synth_to_files
 
     overrides = {k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test),
@@ -54,7 +55,9 @@ def _synth(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     print(f"writing {spec.n_train} train and {spec.n_test} test rows, {spec.n_features} features, "
           f"{spec.n_labels} labels to {args.out} ...", flush=True)
-    train, test = synth_to_files(spec, Path(args.out))
+    if args.counts is not None and args.counts <= 0:
+        raise ConfigError(f"--counts {args.counts}: must be > 0")
+    train, test = synth_to_files(spec, Path(args.out), counts=args.counts)
     print(f"wrote {train} and {test} in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -152,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     for k in ("n_train", "n_test", "n_features", "n_labels"):
         s.add_argument("--" + k.replace("_", "-"), dest=k, type=int)
+    s.add_argument("--counts", type=float, metavar="PER_UNIT",
+                   help="raw-count-like values: each L2-normalized TF-IDF value times PER_UNIT, "
+                        "rounded, at least 1 (rows no longer normalized)")
     s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
     s.set_defaults(fn=_synth)
 

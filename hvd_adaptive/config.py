@@ -119,15 +119,19 @@ class OptimConfig:
     rowwise_adagrad: Adagrad with one accumulator a row on the row-sparse layers (the input
     layer's features; the sampled output layer's labels) and Adagrad's elsewhere
     (model.Optimizer): less optimizer state for adaptive SGD's merges to move."""
-    lr: Union[float, Literal["auto"]] = 0.5
+    lr: Union[float, Literal["auto"]] = "auto"
     """Base learning rate (lr0 of the papers: the rate at the largest batch), or "auto": chosen
     at start by a short probe of candidate rates on the training rows (hvd_adaptive.tune),
-    whose time is charged to the run's clock. Not available for hogbatch."""
+    whose time is charged to the run's clock. A number is used as given."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9
     beta2: float = 0.999
-    eps: float = 1e-8
+    eps: float = 1e-7
+    """Adagrad's and Adam's epsilon. Accumulators start at zero, so a weight's first update is
+    about lr whatever its gradient unless the gradient is small against eps: 1e-7, as in
+    TensorFlow's Keras optimizers, keeps the first steps of rarely-pushed weights (every
+    negative label's output weights) smaller than 1e-8 does."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
 
@@ -508,10 +512,6 @@ class Config:
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
-        if self.optim.lr == "auto" and "hogbatch" in self.train.algorithm:
-            raise ConfigError(f"optim.lr: auto is not available for train.algorithm="
-                              f"{self.train.algorithm} (its workers share one model while they "
-                              "train); pin a rate")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -215,11 +215,15 @@ class PlainHorovod:
         """Steps inside change nothing (tracing and timing before the clock)."""
         keep = [*self.net.ordered, *self.opt.slots, self.opt.lr]
         saved = [np.array(v.numpy(), copy=True) for v in keep]
-        try:
-            yield
-        finally:
+
+        def restore():
             for v, x in zip(keep, saved):
                 v.assign(x)
+
+        try:
+            yield restore
+        finally:
+            restore()
 
 
 def evaluate(plain: PlainHorovod, test, cfg, inv_prop, rows=None, extra: float = 0.0) -> tuple[dict, float]:
@@ -286,16 +290,18 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
     steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
     held = batch(train, held_rows)
 
-    def try_rate(lr: float) -> float:
-        with plain.unchanged():
+    with plain.unchanged() as restore:
+        def try_rate(lr: float) -> float:
             plain.opt.lr.assign(lr)
             for b in steps:
                 plain.alone(*b)
-            return float(plain.held_out_loss(*held))
+            loss = float(plain.held_out_loss(*held))
+            restore()
+            return loss
 
-    choice = tune.choose(tune.candidates_for(cfg.optim.name), try_rate,
-                         float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
-                         hvd.allgather_object, cfg.optim.name)
+        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
+                             float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
+                             hvd.allgather_object, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:

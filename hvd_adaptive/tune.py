@@ -1,9 +1,10 @@
 """`optim.lr: auto`: the learning rate chosen for the data, model and batch by a short probe.
 
 Every candidate rate trains the same rows from the same start for a few steps, and the rate
-whose model has the lowest loss on rows it did not train wins. The ranks share the candidates
-(rank r tries candidates r, r + n, ...), so the probe costs about ceil(candidates / ranks)
-short trainings, and every rank takes the same choice from one allgather of the losses. The
+whose model has the lowest loss on rows it did not train wins. The candidates are powers of 2
+around a centre taken from the data (`centre`), and the search goes on past the lowest or
+highest rate while the best is there (`choose`). The ranks share each round's candidates, and
+every rank takes the same choice from one allgather of the losses a round. The
 probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what a
 choice costs counts in the time to a target.
 
@@ -22,16 +23,18 @@ import numpy as np
 
 from hvd_adaptive.config import ConfigError
 
-# Candidates per optimizer: geometric, a factor of 2 apart.
-CANDIDATES = {
-    "adagrad": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "rowwise_adagrad": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "sgd": (0.25, 0.5, 1.0, 2.0, 4.0),
-    "momentum": (0.025, 0.05, 0.1, 0.2, 0.4),
-    "adam": (0.00025, 0.0005, 0.001, 0.002, 0.004),
-}
+# Candidates are the centre times powers of 2. Adagrad-type optimizers step each weight by
+# about lr whatever its gradient, so a step moves the input layer's output by about lr times a
+# row's L1 norm, while the output layer's step does not grow with it: their centre is
+# ADAGRAD_STEP over the square root of the training rows' median L1 norm (0.1 for the
+# L2-normalized TF-IDF rows of the synthetic presets, whose best rate that was); the search
+# then finds the best wherever it is. The others start from a fixed centre.
+ADAGRAD_STEP = 0.25
+CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
+MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
 PROBE_STEPS = 8         # steps each candidate trains
-HELD_OUT_ROWS = 1024    # rows, not trained by the probe, whose loss judges the candidates
+PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
+HELD_OUT_ROWS = 512     # rows, not trained by the probe, whose loss judges the candidates
 PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
 
 
@@ -61,13 +64,25 @@ class LrChoice:
 
 
 def probe_rows(n_rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows the candidates train (PROBE_STEPS batches) and the held-out rows that judge
-    them: disjoint slices of one seeded permutation of the training rows. On small data sets
-    the batches shrink so that a quarter of the rows stays held out."""
+    """The rows the candidates train (PROBE_STEPS batches of at most PROBE_BATCH rows) and the
+    held-out rows that judge them: disjoint slices of one seeded permutation of the training
+    rows. On small data sets the batches shrink so that a quarter of the rows stays held out."""
     perm = np.random.default_rng(PROBE_SEED).permutation(n_rows)
     held = min(HELD_OUT_ROWS, max(1, n_rows // 4))
-    train = perm[held:held + min(PROBE_STEPS * batch_size, n_rows - held)]
+    rows = PROBE_STEPS * min(PROBE_BATCH, batch_size)
+    train = perm[held:held + min(rows, n_rows - held)]
     return train, perm[:held]
+
+
+def centre(optimizer: str, ds, rows: np.ndarray) -> float:
+    """The rate the search starts from: for adagrad and rowwise_adagrad ADAGRAD_STEP over the
+    square root of the median L1 norm of `rows` of the dataset `ds` (its CSR feature arrays),
+    else CENTRES."""
+    if optimizer not in ("adagrad", "rowwise_adagrad"):
+        return CENTRES[optimizer]
+    l1 = [float(np.abs(ds.values[ds.indptr[r]:ds.indptr[r + 1]]).sum()) for r in rows]
+    norm = float(np.median(l1)) if l1 else 0.0
+    return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
 
 
 def pick(candidates: Sequence[float], losses: Sequence[float], start_loss: float,
@@ -88,12 +103,17 @@ def pick(candidates: Sequence[float], losses: Sequence[float], start_loss: float
     return min(finite)[1]
 
 
-def choose(candidates: Sequence[float], try_rate: Callable[[float], float], start_loss: float,
+def choose(start: float, try_rate: Callable[[float], float], start_loss: float,
            rank: int, size: int, allgather: Callable[[object], list], optimizer: str) -> LrChoice:
-    """Runs this rank's share of the candidates and returns the choice every rank makes.
+    """The search every rank runs together; returns the choice every rank makes.
+
+    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 (more, centred, when there are more
+    ranks); while the lowest held-out loss is at the lowest or highest rate tried, the next
+    round goes further that way, one candidate a rank, at most MAX_DOUBLINGS from `start`.
+    In a round rank r tries candidates r, r + size, ...; one allgather a round shares the losses.
 
     Args:
-        candidates: the rates to try.
+        start: the centre of the search (`centre`).
         try_rate: trains the probe's rows at a rate from the common start and returns the
             held-out loss (nan or inf when it diverged); leaves the start as it found it.
         start_loss: the held-out loss of the start.
@@ -101,25 +121,37 @@ def choose(candidates: Sequence[float], try_rate: Callable[[float], float], star
         allgather: the job's allgather of a Python object.
         optimizer: the optimizer's name, for the error message.
     """
-    t0 = time.perf_counter()
-    mine = {}
-    for i in range(rank, len(candidates), size):
-        loss = float(try_rate(float(candidates[i])))
-        mine[i] = loss if math.isfinite(loss) else float("nan")
-    seconds = time.perf_counter() - t0
-    gathered = allgather((mine, seconds))
-    losses = [float("nan")] * len(candidates)
-    for part, _ in gathered:
-        for i, loss in part.items():
-            losses[i] = loss
-    return LrChoice(lr=pick(candidates, losses, start_loss, optimizer),
-                    candidates=[float(c) for c in candidates], losses=losses,
-                    start_loss=float(start_loss), steps=PROBE_STEPS, rows=0, held_out_rows=0,
-                    seconds=max(s for _, s in gathered))
-
-
-def candidates_for(optimizer: str) -> tuple:
-    return CANDIDATES[optimizer]
+    width = max(3, size)
+    todo = [j - width // 2 for j in range(width)]
+    losses: dict[int, float] = {}
+    seconds = 0.0
+    while todo:
+        t0 = time.perf_counter()
+        mine = {}
+        for j in todo[rank::size]:
+            loss = float(try_rate(start * 2.0 ** j))
+            mine[j] = loss if math.isfinite(loss) else float("nan")
+        gathered = allgather((mine, time.perf_counter() - t0))
+        seconds += max(s for _, s in gathered)
+        for part, _ in gathered:
+            losses.update(part)
+        finite = [(l, j) for j, l in losses.items() if math.isfinite(l)]
+        if finite and min(finite)[0] >= start_loss * (1 - 1e-4):
+            break  # nothing learns at any rate tried: no direction to search (`pick` says so)
+        best = min(finite)[1] if finite else min(losses)
+        lo, hi = min(losses), max(losses)
+        if best == lo and lo > -MAX_DOUBLINGS:
+            todo = [lo - 1 - i for i in range(size) if lo - 1 - i >= -MAX_DOUBLINGS]
+        elif best == hi and hi < MAX_DOUBLINGS and finite:
+            todo = [hi + 1 + i for i in range(size) if hi + 1 + i <= MAX_DOUBLINGS]
+        else:
+            todo = []
+    js = sorted(losses)
+    rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
+    ordered = [losses[j] for j in js]
+    return LrChoice(lr=pick(rates, ordered, start_loss, optimizer), candidates=rates,
+                    losses=ordered, start_loss=float(start_loss), steps=PROBE_STEPS, rows=0,
+                    held_out_rows=0, seconds=seconds)
 
 
 def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
@@ -138,15 +170,17 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
     def held_out_loss() -> float:
         return float(algo.held_out_loss(*held))
 
-    def try_rate(lr: float) -> float:
-        with algo.unchanged():
+    with algo.unchanged() as restore:
+        def try_rate(lr: float) -> float:
             algo.opt.lr.assign(lr)
             for b in steps:
                 algo.probe_step(*b)
-            return held_out_loss()
+            loss = held_out_loss()
+            restore()
+            return loss
 
-    start_loss = held_out_loss()
-    choice = choose(candidates_for(cfg.optim.name), try_rate, start_loss, algo.cluster.rank,
-                    algo.cluster.size, allgather, cfg.optim.name)
+        start_loss = held_out_loss()
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, start_loss,
+                        algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice

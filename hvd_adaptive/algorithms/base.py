@@ -15,7 +15,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 from hvd_adaptive.tfload import tf
@@ -272,16 +272,21 @@ class Algorithm:
         return max(seconds - comm_cpu_s / cores, (cpu_s - comm_cpu_s) / cores)
 
     @contextmanager
-    def unchanged(self) -> Iterator[None]:
+    def unchanged(self) -> Iterator[Callable[[], None]]:
         """Steps run inside change nothing: model, optimizer state and learning rate are put
-        back afterwards (warm-up runs and calibration before the clock starts)."""
+        back afterwards (warm-up runs and calibration before the clock starts, the probe of
+        optim.lr auto). Yields the function that puts them back, for use in between."""
         keep = [*self.variables, *self.opt.slot_variables(), self.opt.lr]
         saved = [np.array(v.numpy(), copy=True) for v in keep]  # never alias a variable
-        try:
-            yield
-        finally:
+
+        def restore() -> None:
             for v, x in zip(keep, saved):
                 v.assign(x)
+
+        try:
+            yield restore
+        finally:
+            restore()
 
     # ---- interface -----------------------------------------------------------------------
     def setup(self) -> None:

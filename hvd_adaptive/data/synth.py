@@ -272,12 +272,20 @@ def synthesize_cached(spec: SynthSpec, cache_dir, progress=None) -> tuple[Datase
     return train, test
 
 
-def synth_to_files(spec: SynthSpec, out_dir) -> tuple[Path, Path]:
+def as_counts(ds: Dataset, per_unit: float) -> Dataset:
+    """The same rows with raw-count-like feature values: each value (an L2-normalized TF-IDF
+    weight) times `per_unit`, rounded, at least 1; rows are no longer normalized."""
+    counts = np.maximum(1.0, np.rint(np.asarray(ds.values, np.float64) * per_unit)).astype(np.float32)
+    return dataclasses.replace(ds, values=counts)
+
+
+def synth_to_files(spec: SynthSpec, out_dir, counts: Optional[float] = None) -> tuple[Path, Path]:
     """Generate a dataset and write ``out_dir/train.txt`` and ``out_dir/test.txt``.
 
     Args:
         spec: The dataset shape and distribution.
         out_dir: Destination folder (created if missing).
+        counts: write raw-count-like values instead (`as_counts` with this factor).
 
     Returns:
         The paths of the train and test files (XC format with header).
@@ -285,6 +293,8 @@ def synth_to_files(spec: SynthSpec, out_dir) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train, test = synthesize(spec)
+    if counts:
+        train, test = as_counts(train, counts), as_counts(test, counts)
     paths = out / "train.txt", out / "test.txt"
     write_xc(paths[0], train)
     write_xc(paths[1], test)
