@@ -129,9 +129,10 @@ class OptimConfig:
     beta2: float = 0.999
     eps: float = 1e-7
     """Adagrad's and Adam's epsilon. Accumulators start at zero, so a weight's first update is
-    about lr whatever its gradient unless the gradient is small against eps: 1e-7, as in
-    TensorFlow's Keras optimizers, keeps the first steps of rarely-pushed weights (every
-    negative label's output weights) smaller than 1e-8 does."""
+    about lr whatever its gradient unless the gradient is small against eps; TensorFlow's Keras
+    optimizers use this value, and it keeps the first steps of rarely-pushed weights (every
+    negative label's output weights) smaller than a tenth of it would (docs/benchmark.md,
+    "Settings chosen by the tool")."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
 

@@ -213,17 +213,8 @@ class PlainHorovod:
     @contextmanager
     def unchanged(self):
         """Steps inside change nothing (tracing and timing before the clock)."""
-        keep = [*self.net.ordered, *self.opt.slots, self.opt.lr]
-        saved = [np.array(v.numpy(), copy=True) for v in keep]
-
-        def restore():
-            for v, x in zip(keep, saved):
-                v.assign(x)
-
-        try:
+        with tune.unchanged([*self.net.ordered, *self.opt.slots, self.opt.lr]) as restore:
             yield restore
-        finally:
-            restore()
 
 
 def evaluate(plain: PlainHorovod, test, cfg, inv_prop, rows=None, extra: float = 0.0) -> tuple[dict, float]:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +62,23 @@ class LrChoice:
         return (f"optim.lr auto: {self.lr:g} (held-out loss after {self.steps} steps of "
                 f"{self.rows // max(self.steps, 1)} rows from {self.start_loss:.4f}: {tried}; "
                 f"{self.seconds:.2f} s, charged to the clock)")
+
+
+@contextmanager
+def unchanged(variables: Sequence) -> Iterator[Callable[[], None]]:
+    """Steps run inside change none of `variables` (tf.Variables: a model, its optimizer's
+    state, its rate): they are put back afterwards. Yields the function that puts them back,
+    for use in between (each candidate of the probe starts from the same place)."""
+    saved = [np.array(v.numpy(), copy=True) for v in variables]  # never alias a variable
+
+    def restore() -> None:
+        for v, x in zip(variables, saved):
+            v.assign(x)
+
+    try:
+        yield restore
+    finally:
+        restore()
 
 
 def probe_rows(n_rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

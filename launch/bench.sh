@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The fair side-by-side benchmark of docs/benchmark.md: sync, sync with the re-measured
-# proportional partition (sync_prop) and adaptive SGD (the recommended mode) on the same
-# data, seed and heterogeneity. Prints each part's table (medians of REPEATS, ratios against sync
-# and against the limit) and writes $OUT-<part>/bench.txt.
-#   bash launch/bench.sh                 # the curve: both parts below
-#   bash launch/bench.sh quick           # 13,402 labels: rank 1 slowed 1, 1.25, 1.5, 2, 4x (sleep),
-#                                        #   a half-core quota, 2x slower for the middle third
-#   bash launch/bench.sh full            # 67,009 labels: equal ranks, rank 1 slowed 2x, half-core quota
+# The fair side-by-side benchmark of docs/benchmark.md: the plain Horovod script (horovod, the
+# reference), sync and adaptive SGD (the recommended mode) on the same data and heterogeneity,
+# each repeat its own seed. Prints each part's tables (one a target: medians and ranges over the
+# REPEATS seeds, ratios against horovod seed by seed, and against the limit) and writes
+# $OUT-<part>/bench.txt.
+#   bash launch/bench.sh                 # both parts below
+#   bash launch/bench.sh quick           # 13,402 labels: equal ranks, rank 1 under a quota 1.25, 1.5,
+#                                        #   2 and 4x slower, 2x slower for the middle third (sleep)
+#   bash launch/bench.sh full            # 67,009 labels: equal ranks, rank 1 under a half-core quota
 #   bash launch/bench.sh scaling         # 13,402 labels on 1, 2, 4, 8 ranks at a quarter core each
 #                                        #   (cgroup quotas), and with half the ranks at an eighth
 #   REPEATS=1 bash launch/bench.sh full --algorithms sync auto   # extra arguments go to every part
@@ -26,11 +27,12 @@ for part in "${parts[@]}"; do
     continue
   fi
   if [ "$part" = quick ]; then
-    args=(--config configs/bench_quick.yaml --scenarios even slowed quota vary --slowdown 2 1.25 1.5 4 --quota-slowdown 2)
+    args=(--config configs/bench_quick.yaml --scenarios even quota vary --slowdown 2 --quota-slowdown 1.25 1.5 2 4)
   else
-    args=(--config configs/bench.yaml --scenarios even slowed quota --slowdown 2)
+    args=(--config configs/bench.yaml --scenarios even quota --quota-slowdown 2)
   fi
-  "$VENV/bin/python" -m hvd_adaptive.bench "${args[@]}" --repeats "${REPEATS:-3}" --out "$OUT-$part" "$@"
+  "$VENV/bin/python" -m hvd_adaptive.bench "${args[@]}" --algorithms horovod sync adaptive \
+    --repeats "${REPEATS:-5}" --out "$OUT-$part" "$@"
   # One figure per scenario, first repeat only (all repeats would bury the curves).
   for scen in $(ls -d "$OUT-$part"/*-r0 2>/dev/null | sed 's|.*/||; s|-[^-]*-r0$||' | sort -u); do
     "$VENV/bin/hvd-adaptive" report "$OUT-$part/$scen"-*-r0 --target "$(cat "$OUT-$part/target.txt")" \

@@ -25,6 +25,7 @@ from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
 from hvd_adaptive.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.hetero import Heterogeneity
 from hvd_adaptive.model import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
+from hvd_adaptive.tune import unchanged
 
 
 @dataclass
@@ -276,17 +277,8 @@ class Algorithm:
         """Steps run inside change nothing: model, optimizer state and learning rate are put
         back afterwards (warm-up runs and calibration before the clock starts, the probe of
         optim.lr auto). Yields the function that puts them back, for use in between."""
-        keep = [*self.variables, *self.opt.slot_variables(), self.opt.lr]
-        saved = [np.array(v.numpy(), copy=True) for v in keep]  # never alias a variable
-
-        def restore() -> None:
-            for v, x in zip(keep, saved):
-                v.assign(x)
-
-        try:
+        with unchanged([*self.variables, *self.opt.slot_variables(), self.opt.lr]) as restore:
             yield restore
-        finally:
-            restore()
 
     # ---- interface -----------------------------------------------------------------------
     def setup(self) -> None:
