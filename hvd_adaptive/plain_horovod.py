@@ -242,9 +242,9 @@ def evaluate(plain: PlainHorovod, test, cfg, inv_prop, rows=None, extra: float =
 
 
 def global_batches(cfg, n_rows: int, ranks: int):
-    """(epoch, rows done in it after the step, the step's global rows) over the whole run: each
-    epoch's shuffle cut into ranks x train.batch_size rows; a remainder under half of that
-    joins the last step (one tiny step makes a noisy update)."""
+    """(epoch, rows done in it after the step, the step's global rows, the epoch's rows) over
+    the whole run: each epoch's shuffle cut into ranks x train.batch_size rows; a remainder
+    under half of that joins the last step (one tiny step makes a noisy update)."""
     size = ranks * cfg.train.batch_size
     for epoch in range(math.ceil(cfg.train.epochs)):
         take = n_rows if epoch + 1 <= cfg.train.epochs else max(1, round((cfg.train.epochs - epoch) * n_rows))
@@ -253,7 +253,7 @@ def global_batches(cfg, n_rows: int, ranks: int):
         if len(cuts) > 2 and cuts[-1] - cuts[-2] < size / 2:
             del cuts[-2]
         for lo, hi in zip(cuts[:-1], cuts[1:]):
-            yield epoch, hi, perm[lo:hi]
+            yield epoch, hi, perm[lo:hi], take
 
 
 def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
@@ -362,14 +362,20 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         return ((t.target_p_at_1 is not None and m["p_at_1"] >= t.target_p_at_1)
                 or (t.time_budget_s is not None and clock["wall"] >= t.time_budget_s))
 
-    for epoch, done, rows in global_batches(cfg, train_ds.n_rows, ranks):
+    # Evaluated where the project's runs are, so that both are read at the same rows: at the
+    # first end of a round of train.window_rows rows (or of an epoch) after each eval_every mark.
+    window, last = t.window_rows(ranks), 0.0
+    for epoch, done, rows, take in global_batches(cfg, train_ds.n_rows, ranks):
         part = np.array_split(rows, ranks)[rank]
         loss = plain.step(*batch(train_ds, part))
         samples, mine, batches = samples + len(rows), mine + len(part), batches + 1
-        last, progress = progress, epoch + done / train_ds.n_rows
+        progress = epoch + done / train_ds.n_rows
+        if done // window == (done - len(rows)) // window and done < take:
+            continue  # inside a round
         if math.floor(progress / t.eval_every + 1e-9) > math.floor(last / t.eval_every + 1e-9) \
                 and evaluate_now():
             break
+        last = progress
     if not evals or evals[-1]["epoch"] != round(progress, 4):
         evaluate_now()
     wall = clock["wall"]
