@@ -30,11 +30,13 @@ full speed, turns `--slowdown`'s first factor slower a third of the way to the t
 recovers at two thirds (in epochs, from sync's rows to the target in the first even run).
 
 The targets are 80% and 90% of sync's final P@1 in a full-length run without slowdown (or
---target, one or more); runs stop once they reach the highest, and each target gets a table. Time and samples to target are interpolated linearly between evaluations
+--target, one or more); runs stop once they reach the highest, and each target gets a table.
+Time and samples to target are interpolated linearly between evaluations
 (every `train.eval_every` epochs). Columns: time to target; samples to target (statistical
-efficiency); samples per second up to then (hardware efficiency); cluster efficiency; sync's time
-to target over the contender's (> 1: sooner than sync); the fraction of the limit; where the
-ranks' time went. Medians over repeats.
+efficiency); samples per second up to then (hardware efficiency); cluster efficiency; the
+reference's time to target over the contender's, seed by seed (`horovod` when it runs, else sync;
+> 1: sooner); the fraction of the limit; where the ranks' time went. Medians and ranges over the
+repeats, each its own seed.
 
 The limit is the time a perfect data-parallel method would take: sync's rows to the target at
 the sum of the ranks' standalone rates (each rank's own training step, timed at start-up in

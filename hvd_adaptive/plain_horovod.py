@@ -291,7 +291,7 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
             return loss
 
         choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
-                             float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
+                             lambda: float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
                              hvd.allgather_object, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)

@@ -121,7 +121,7 @@ def pick(candidates: Sequence[float], losses: Sequence[float], start_loss: float
     return min(finite)[1]
 
 
-def choose(start: float, try_rate: Callable[[float], float], start_loss: float,
+def choose(start: float, try_rate: Callable[[float], float], start_loss: Callable[[], float],
            rank: int, size: int, allgather: Callable[[object], list], optimizer: str) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
@@ -134,24 +134,22 @@ def choose(start: float, try_rate: Callable[[float], float], start_loss: float,
         start: the centre of the search (`centre`).
         try_rate: trains the probe's rows at a rate from the common start and returns the
             held-out loss (nan or inf when it diverged); leaves the start as it found it.
-        start_loss: the held-out loss of the start.
+        start_loss: returns the held-out loss of the start.
         rank, size: this rank and the ranks sharing the candidates.
         allgather: the job's allgather of a Python object.
         optimizer: the optimizer's name, for the error message.
     """
+    t0 = time.perf_counter()
+    start_loss = float(start_loss())
     width = max(3, size)
     todo = [j - width // 2 for j in range(width)]
     losses: dict[int, float] = {}
-    seconds = 0.0
     while todo:
-        t0 = time.perf_counter()
         mine = {}
         for j in todo[rank::size]:
             loss = float(try_rate(start * 2.0 ** j))
             mine[j] = loss if math.isfinite(loss) else float("nan")
-        gathered = allgather((mine, time.perf_counter() - t0))
-        seconds += max(s for _, s in gathered)
-        for part, _ in gathered:
+        for part in allgather(mine):
             losses.update(part)
         finite = [(l, j) for j, l in losses.items() if math.isfinite(l)]
         if finite and min(finite)[0] >= start_loss * (1 - 1e-4):
@@ -164,6 +162,8 @@ def choose(start: float, try_rate: Callable[[float], float], start_loss: float,
             todo = [hi + 1 + i for i in range(size) if hi + 1 + i <= MAX_DOUBLINGS]
         else:
             todo = []
+    # Every rank charges the same seconds to its clock: the slowest rank's whole search.
+    seconds = max(allgather(time.perf_counter() - t0))
     js = sorted(losses)
     rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
     ordered = [losses[j] for j in js]
@@ -197,8 +197,7 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
             restore()
             return loss
 
-        start_loss = held_out_loss()
-        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, start_loss,
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, held_out_loss,
                         algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice
