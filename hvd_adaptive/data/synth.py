@@ -16,6 +16,10 @@ Generative model (all vectorised with numpy, rows produced in fixed-size chunks)
   of non-zeros is lognormal with mean ``nnz_mean`` (a long right tail).
 * Values are tf-idf like: ``idf * tf`` with idf growing with a feature's
   rarity, tf random, and each row L2-normalised.
+* With ``label_noise`` > 0, that fraction of rows then has its labels redrawn
+  the same way from another random topic: features no longer tell those
+  labels, so a model that fits them on the training rows has memorized them
+  (it overfits, as networks do on real XMC data).
 
 Train and test rows come from the same stream, so they share the distribution.
 """
@@ -54,6 +58,7 @@ class SynthSpec:
     label_power: float = 1.1
     noise: float = 0.3
     seed: int = 0
+    label_noise: float = 0.0
 
 
 PRESETS: dict[str, SynthSpec] = {
@@ -95,7 +100,7 @@ def preset(name: str, scale: float = 1.0, **overrides) -> SynthSpec:
 def _check(spec: SynthSpec) -> None:
     ok = (spec.n_train >= 1 and spec.n_test >= 0 and spec.n_features >= 1 and spec.n_labels >= 1
           and spec.nnz_mean >= 1 and spec.labels_mean >= 1 and spec.label_power > 0
-          and 0 <= spec.noise <= 1 and spec.seed >= 0)
+          and 0 <= spec.noise <= 1 and spec.seed >= 0 and 0 <= spec.label_noise <= 1)
     if not ok:
         raise ValueError(f"invalid SynthSpec: {spec}")
 
@@ -151,12 +156,7 @@ def _chunk(model: _Model, spec: SynthSpec, m: int, rng: np.random.Generator):
     F = spec.n_features
     topic = np.searchsorted(model.topic_cdf, rng.random(m), side="right")
     topic = np.minimum(topic, len(model.topic_cdf) - 1)
-    k = np.minimum(rng.geometric(1.0 / spec.labels_mean, size=m), model.topic_len[topic])
-    # Gumbel top-k: sorting log-weight + Gumbel noise samples without replacement.
-    g = model.topic_logw[topic] + rng.gumbel(size=(m, model.topic_size))
-    order = np.argsort(-g, axis=1)
-    take = np.arange(model.topic_size) < k[:, None]
-    labels = model.topic_labels[topic[:, None], order][take]
+    k, labels = _draw_labels(model, spec, topic, rng)
     lab_start = np.cumsum(k) - k
 
     mu = math.log(spec.nnz_mean) - _NNZ_SIGMA**2 / 2
@@ -190,7 +190,37 @@ def _chunk(model: _Model, spec: SynthSpec, m: int, rng: np.random.Generator):
     vals = model.idf[feats] * rng.gamma(2.0, 0.5, size=len(feats)).astype(np.float32)
     norms = np.sqrt(np.bincount(rows, weights=vals.astype(np.float64) ** 2, minlength=m))
     vals = (vals / norms[rows]).astype(np.float32)
+    if spec.label_noise > 0:  # drawn last: label_noise 0 leaves every other draw as it was
+        other = np.searchsorted(model.topic_cdf, rng.random(m), side="right")
+        other = np.minimum(other, len(model.topic_cdf) - 1)
+        noisy = rng.random(m) < spec.label_noise
+        k2, labels2 = _draw_labels(model, spec, other[noisy], rng)
+        k, labels = _replace_rows(k, labels, noisy, k2, labels2)
     return np.bincount(rows, minlength=m), feats, vals, k, labels
+
+
+def _replace_rows(k, labels, which, k2, labels2):
+    """Flat per-row labels (counts `k`) with the rows `which` replaced by (`k2`, `labels2`)."""
+    start = np.cumsum(k) - k
+    k_out = k.copy()
+    k_out[which] = k2
+    start2 = np.zeros(len(k), np.int64)
+    start2[which] = np.cumsum(k2) - k2
+    row = np.repeat(np.arange(len(k)), k_out)
+    pos = np.arange(len(row)) - (np.cumsum(k_out) - k_out)[row]
+    out = np.where(which[row], labels2[np.minimum(start2[row] + pos, max(len(labels2) - 1, 0))]
+                   if len(labels2) else 0, labels[np.minimum(start[row] + pos, len(labels) - 1)])
+    return k_out, out
+
+
+def _draw_labels(model: _Model, spec: SynthSpec, topic: np.ndarray, rng: np.random.Generator):
+    """Each row's label count and labels (flat, row after row) from its topic."""
+    k = np.minimum(rng.geometric(1.0 / spec.labels_mean, size=len(topic)), model.topic_len[topic])
+    # Gumbel top-k: sorting log-weight + Gumbel noise samples without replacement.
+    g = model.topic_logw[topic] + rng.gumbel(size=(len(topic), model.topic_size))
+    order = np.argsort(-g, axis=1)
+    take = np.arange(model.topic_size) < k[:, None]
+    return k, model.topic_labels[topic[:, None], order][take]
 
 
 def _slice_rows(ds: Dataset, a: int, b: int) -> Dataset:
