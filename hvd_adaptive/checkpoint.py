@@ -1,5 +1,8 @@
 """Checkpoints of a run: atomic folders under `<run_dir>/checkpoints/`, resume from the newest.
 
+With a validation split, `checkpoints/best/ckpt-<round>/` holds the model of the best
+validation P@1 so far, in the same layout, its arrays only (Checkpointer.save_best).
+
 Layout of one checkpoint, `ckpt-<round>/` (round = merge windows done):
   state.json, <key>.npy      state that is identical on every rank (written by rank 0)
   rank-<r>/state.json, ...   state that can differ between ranks (keys "rank.*"), one folder
@@ -40,6 +43,7 @@ LOOP = "trainer."  # prefix of the training loop's keys in a training checkpoint
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
 PER_RANK = "rank."
+BEST = "best"  # checkpoints/best/: the model of the best validation P@1 (Checkpointer.save_best)
 
 
 class CheckpointError(ValueError):
@@ -369,6 +373,7 @@ class Checkpointer:
             say: Prints a line on rank 0 (the others stay quiet).
         """
         self.dir = Path(run_dir) / "checkpoints"
+        self.best_dir = self.dir / BEST
         self.cfg, self.comm, self.say = cfg, comm, say
         self.last_saved: Optional[int] = None
 
@@ -389,6 +394,8 @@ class Checkpointer:
             elif clear(self.dir):
                 self.say(f"removed the checkpoints of an earlier run in {self.dir} "
                          "(checkpoint.resume is never)")
+            if chosen is None and self.best_dir.is_dir():  # an earlier run's best model
+                _remove(self.best_dir)
         chosen = self.comm.bcast(chosen, root=0)
         if chosen is None:
             return None
@@ -421,6 +428,30 @@ class Checkpointer:
         path = save(self.dir, rounds_done, state, self.comm, self.cfg.keep)
         self.last_saved = rounds_done
         return path
+
+    # ---- the best model: its arrays only, in checkpoints/best/ckpt-<round> ----------------------
+    def save_best(self, model, rounds_done: int, record: dict, algorithm: str) -> Path:
+        """Keeps `model` (the evaluated one, equal on every rank) as the run's best, replacing
+        the previous best once the new one is complete (collective; rank 0 writes).
+
+        The folder holds the model's arrays as "model.<i>" (what runmodel.open_run reads) and
+        the evaluation that chose it under "best.*"."""
+        state = {}
+        if self.comm.Get_rank() == 0:
+            state = {f"model.{i}": v.numpy() for i, v in enumerate(model.variables_list)}
+            state.update({"best.of": algorithm, "best.round": rounds_done,
+                          "best.epoch": record["epoch"], "best.val_p_at_1": record["val_p_at_1"],
+                          "best.p_at_1": record["p_at_1"]})
+        return save(self.best_dir, rounds_done, state, self.comm, keep=1)
+
+    def best_value(self) -> float:
+        """The validation P@1 of the kept best model (-1 when there is none); rank 0 reads."""
+        value = -1.0
+        if self.comm.Get_rank() == 0:
+            path = newest(self.best_dir)
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                value = float(json.loads((path / "state.json").read_text())["best.val_p_at_1"])
+        return self.comm.bcast(value, root=0)
 
     # ---- training checkpoints: an algorithm plus the loop's position -------------------------
     @staticmethod

@@ -7,9 +7,10 @@ Usage:
   hvd-adaptive train ...                 # without a launcher: one rank
   mpirun -np 2 hvd-adaptive tune --config FILE    # the rate optim.lr=auto chooses, no training
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
+  hvd-adaptive trees --config FILE       # napkinXC's label tree on the same rows, for comparison
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
-  hvd-adaptive predict RUN_DIR --data FILE --out FILE [--k 5] [--checkpoint ckpt-N]
+  hvd-adaptive predict RUN_DIR --data FILE --out FILE [--k 5] [--checkpoint best|last|ckpt-N]
   mpirun -np 2 hvd-adaptive predict RUN_DIR --data FILE --out FILE   # rows split over ranks
   hvd-adaptive evaluate RUN_DIR --data FILE [--out FILE.json]       # P@k, nDCG@k, PSP@k, PSnDCG@k
   hvd-adaptive export RUN_DIR --out DIR [--k 5]                     # TensorFlow SavedModel
@@ -44,6 +45,19 @@ def _tune(args: argparse.Namespace) -> int:
     return run_training(cfg, args.run_dir, verbose=args.verbose, choose_only=True)
 
 
+def _trees(args: argparse.Namespace) -> int:
+    import json
+
+    from hvd_adaptive.config import load_config
+    from hvd_adaptive.trees import run_plt
+
+    cfg, _ = load_config(args.config, args.set, extra_sections=("sweep",))
+    out = run_plt(cfg, threads=args.threads)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
 def _synth(args: argparse.Namespace) -> int:
     from hvd_adaptive.config import ConfigError
     from hvd_adaptive.data import preset, synth_to_files
@@ -51,7 +65,10 @@ def _synth(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("n_train", args.n_train), ("n_test", args.n_test),
                                    ("n_features", args.n_features), ("n_labels", args.n_labels))
                  if v is not None}
-    spec = preset(args.preset, scale=args.scale, seed=args.seed, **overrides)
+    if not 0 <= args.label_noise <= 1:
+        raise ConfigError(f"--label-noise {args.label_noise}: must be in [0, 1]")
+    spec = preset(args.preset, scale=args.scale, seed=args.seed, label_noise=args.label_noise,
+                  **overrides)
     t0 = time.perf_counter()
     print(f"writing {spec.n_train} train and {spec.n_test} test rows, {spec.n_features} features, "
           f"{spec.n_labels} labels to {args.out} ...", flush=True)
@@ -147,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     u.set_defaults(fn=_tune)
 
+    e = sub.add_parser("trees", help="train napkinXC's label tree (PLT) on a config's data, "
+                       "as the network does, and print its time and test P@k (one process)")
+    e.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
+    e.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable; value parsed as YAML)")
+    e.add_argument("--threads", type=int, help="napkinXC's threads (default: every core)")
+    e.add_argument("--out", help="JSON file for the result")
+    e.set_defaults(fn=_trees)
+
     d = sub.add_parser("data", help="data utilities")
     dsub = d.add_subparsers(dest="data_command", required=True)
     s = dsub.add_parser("synth", help="write a synthetic XC train/test pair")
@@ -158,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--counts", type=float, metavar="PER_UNIT",
                    help="raw-count-like values: each L2-normalized TF-IDF value times PER_UNIT, "
                         "rounded, at least 1 (rows no longer normalized)")
+    s.add_argument("--label-noise", type=float, default=0.0, metavar="FRACTION",
+                   help="rows whose labels come from a random topic, not their features' "
+                        "(data.synth.label_noise)")
     s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
     s.set_defaults(fn=_synth)
 
@@ -184,8 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def run_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("run_dir", metavar="RUN_DIR", help="a training run's folder")
-        q.add_argument("--checkpoint", metavar="ckpt-N",
-                       help="checkpoint folder name (default: the newest; must verify)")
+        q.add_argument("--checkpoint", metavar="best|last|ckpt-N",
+                       help="which model: best (the best validation P@1, kept with "
+                            "data.validation), last (the newest checkpoint) or a folder name; "
+                            "default: best if the run kept one, else last; must verify")
         q.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
 
     pr = sub.add_parser("predict", help="top-k labels and scores of rows, with a trained model")

@@ -53,10 +53,16 @@ class SynthConfig:
     """Overrides the mean labels per row."""
     seed: int = 0
     """Generator seed (every rank generates the same data from it)."""
+    label_noise: float = 0.0
+    """Fraction of rows (train and test alike) whose labels are drawn from a random topic,
+    not the one their features came from: labels no model can read off the features, which
+    a network can memorize on the training rows (overfitting shows, as on real data)."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "scale", "n_train", "n_test", "n_features", "n_labels", "nnz_mean",
                   "labels_mean")
+        if not 0.0 <= self.label_noise <= 1.0:
+            raise ConfigError(f"{path}.label_noise: must be in [0, 1], got {self.label_noise}")
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,35 @@ class DataConfig:
     sets, 0.5 for Wikipedia ones in that paper)."""
     propensity_b: float = 1.5
     """B of those propensities (2.6 for Amazon, 0.4 for Wikipedia)."""
+    validation: float = 0.0
+    """Rows carved from the training set (never the test file) on which the run measures
+    itself: a fraction below 1, or a count from 1 up; 0: none, every training row trains.
+    With a split, each evaluation also reports the validation P@k (val_p_at_k), the run keeps
+    the model of the best validation P@1 (checkpoint.best) and can stop early (train.patience)."""
+    validation_seed: int = 0
+    """Seed of the rows the validation split takes (fixed apart from train.seed, so runs of
+    several seeds train on the same rows)."""
+
+    def validation_rows(self, n_rows: int, source: str) -> int:
+        """The rows the validation split takes out of `n_rows` training rows.
+
+        Raises:
+            ConfigError: The split would leave no training row, or holds no row.
+        """
+        v = self.validation
+        k = 0 if v == 0 else int(round(v * n_rows)) if v < 1 else int(v)
+        if v > 0 and not 1 <= k < n_rows:
+            raise ConfigError(f"data.validation: {v:g} takes {k} of the {n_rows} training rows of "
+                              f"{source}; it must take at least one and leave at least one")
+        return k
 
     def validate(self, path: str) -> None:
         if (self.train == "synthetic") != (self.test == "synthetic"):
             raise ConfigError(f"{path}: train and test must both be files or both be 'synthetic'")
         _positive(self, path, "propensity_a", "propensity_b")
+        if self.validation < 0 or (self.validation >= 1 and self.validation != int(self.validation)):
+            raise ConfigError(f"{path}.validation: a fraction in [0, 1) or a whole count of rows, "
+                              f"got {self.validation}")
         self.synth.validate(path + ".synth")
 
 
@@ -166,6 +196,9 @@ class TrainConfig:
     """Stop after this much training time (evaluation excluded)."""
     target_p_at_1: Optional[float] = None
     """Stop at the first evaluation whose test P@1 reaches this (time-to-accuracy runs)."""
+    patience: Optional[int] = None
+    """Early stop: end training after this many evaluations in a row without a higher
+    validation P@1 than the best so far (needs data.validation); None: train to the end."""
     threads: Optional[int] = None
     """TensorFlow threads per rank; default: the node's cores divided by the ranks on it."""
     log_every_s: float = 10.0
@@ -194,7 +227,7 @@ class TrainConfig:
     def validate(self, path: str) -> None:
         _positive(self, path, "epochs", "batch_size", "eval_every", "eval_rows", "time_budget_s",
                   "threads", "log_every_s", "window_samples", "target_p_at_1", "eval_memory_mb",
-                  "calibrate_s")
+                  "calibrate_s", "patience")
 
 
 @dataclass(frozen=True)
@@ -482,6 +515,11 @@ class CheckpointConfig:
     resume: Literal["never", "auto"] = "never"
     """auto: continue from the newest complete checkpoint in the run folder, if there is one
     (`hvd-adaptive train --resume`). never: start over; old checkpoints there are deleted."""
+    best: bool = True
+    """With a validation split (data.validation), also keep the model of the best validation
+    P@1 in `checkpoints/best/` (the model's arrays only, written at the evaluation that
+    improved); `predict`, `evaluate` and `export` read it unless told `--checkpoint last`.
+    Nothing is written with keep 0."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "every")
@@ -513,6 +551,9 @@ class Config:
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
+        if self.train.patience is not None and self.data.validation == 0:
+            raise ConfigError(f"train.patience: {self.train.patience} needs a validation split "
+                              "to measure (data.validation, e.g. 0.05)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

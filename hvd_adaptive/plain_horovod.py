@@ -49,7 +49,7 @@ import numpy as np
 
 from hvd_adaptive import tune
 from hvd_adaptive.config import ConfigError, load_config
-from hvd_adaptive.data import epoch_permutation, load_data
+from hvd_adaptive.data import epoch_permutation, load_data, split_validation
 from hvd_adaptive.hetero import Heterogeneity, smallest_quota
 from hvd_adaptive.metrics import (finalize, inverse_propensities, metric_sums,
                                   most_frequent_label_p1, sum_names)
@@ -314,6 +314,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     """Trains on this rank; rank 0 writes the run folder. Returns the summary."""
     rank, ranks, root = hvd.rank(), hvd.size(), hvd.rank() == 0
     train_ds, test_ds = load_data(cfg, _Ranks())
+    train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
     freq = train_ds.label_frequencies()
     base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
     inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)

@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 
 from hvd_adaptive import distributed
-from hvd_adaptive.data import iter_rows, load_data, load_dataset
+from hvd_adaptive.data import iter_rows, load_data, load_dataset, split_validation
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.metrics import inverse_propensities
 from hvd_adaptive.runmodel import TrainedRun, build_model
@@ -117,7 +117,7 @@ def evaluate(run: TrainedRun, data: str, out: Optional[str], rows: Optional[int]
     cluster = distributed.init()
     with distributed.fail_fast(cluster):
         cfg, model = run.cfg, build_model(run)
-        train_ds, _ = load_data(cfg, cluster)
+        train_ds, _ = split_validation(cfg, load_data(cfg, cluster)[0])  # the rows it trained on
         inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                         cfg.data.propensity_a, cfg.data.propensity_b)
 

@@ -1,7 +1,8 @@
 """A trained model read from a run folder: what `predict`, `evaluate` and `export` start from.
 
-A run folder holds `config.json` (the resolved config) and `checkpoints/ckpt-<round>/`. The
-newest checkpoint (or the one named) is verified against its COMPLETE manifest exactly as
+A run folder holds `config.json` (the resolved config), `checkpoints/ckpt-<round>/` and, with a
+validation split, the best model in `checkpoints/best/ckpt-<round>/`. That best model (or else
+the newest checkpoint, or the one named) is verified against its COMPLETE manifest exactly as
 resume verifies it (checkpoint.verify), but nothing in the folder is ever changed: where resume
 renames a damaged checkpoint and falls back to an older one, a reader stops with an error that
 names the checkpoint, so a prediction never comes silently from an older model.
@@ -49,8 +50,13 @@ class TrainedRun:
                               f"({self.path})")
 
 
+LAST = "last"  # --checkpoint last: the newest training checkpoint, not the best model
+
+
 def open_run(run_dir: str | Path, name: Optional[str] = None) -> TrainedRun:
-    """Reads a run's config and verifies its newest checkpoint (or `name`, e.g. "ckpt-40").
+    """Reads a run's config and verifies the checkpoint to read: by default the best model
+    (checkpoints/best/, kept with a validation split) or else the newest checkpoint; `name`
+    "best", "last" (the newest training checkpoint) or a folder such as "ckpt-40".
 
     Raises:
         ConfigError: No such run folder, no config.json, or no checkpoint.
@@ -64,9 +70,18 @@ def open_run(run_dir: str | Path, name: Optional[str] = None) -> TrainedRun:
     except ValueError as e:
         raise ConfigError(f"{run_dir / 'config.json'}: {e}") from None
     ckpt_dir = run_dir / "checkpoints"
-    path = ckpt_dir / name if name else checkpoint.newest(ckpt_dir)
+    best = checkpoint.newest(ckpt_dir / checkpoint.BEST)
+    if name == checkpoint.BEST and best is None:
+        raise ConfigError(f"{ckpt_dir}: no best model kept; a run keeps one with a validation "
+                          "split (data.validation) and checkpoint.best")
+    if name in (None, checkpoint.BEST) and best is not None:
+        path = best
+    elif name in (None, LAST):
+        path = checkpoint.newest(ckpt_dir)
+    else:
+        path = ckpt_dir / name
     if path is None or not path.is_dir():
-        what = f"no checkpoint {name}" if name else "no checkpoint"
+        what = f"no checkpoint {name}" if name not in (None, LAST) else "no checkpoint"
         raise ConfigError(f"{ckpt_dir}: {what}; a run writes one at its end (checkpoint.every "
                           "for more)")
     try:

@@ -36,7 +36,7 @@ from hvd_adaptive import algorithms, tune
 from hvd_adaptive.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.checkpoint import Checkpointer
 from hvd_adaptive.config import Config
-from hvd_adaptive.data import Dataset, check_fits, load_data
+from hvd_adaptive.data import Dataset, check_fits, load_data, split_validation
 from hvd_adaptive.distributed import Cluster, allgather, mpi_control_variable, node_allgather
 from hvd_adaptive.evaluation import Evaluator
 from hvd_adaptive.hetero import Heterogeneity, check_profile
@@ -57,12 +57,14 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
     log.write_json("config.json", cfg.to_dict())
     t_load = time.perf_counter()
     train_ds, test_ds = load_data(cfg, cluster)
+    train_ds, val_ds = split_validation(cfg, train_ds)
     check_fits(cfg, train_ds, cluster.size)
     base_p1 = most_frequent_label_p1(train_ds.label_frequencies(), test_ds.label_indptr,
                                      test_ds.label_indices)
-    log.say(f"data: {train_ds.n_rows} train / {test_ds.n_rows} test rows, {train_ds.n_features} "
-            f"features, {train_ds.n_labels} labels ({time.perf_counter() - t_load:.1f} s); "
-            f"most-frequent-label P@1 {base_p1:.4f}")
+    val = f" / {val_ds.n_rows} validation" if val_ds is not None else ""
+    log.say(f"data: {train_ds.n_rows} train{val} / {test_ds.n_rows} test rows, "
+            f"{train_ds.n_features} features, {train_ds.n_labels} labels "
+            f"({time.perf_counter() - t_load:.1f} s); most-frequent-label P@1 {base_p1:.4f}")
     hetero = Heterogeneity(cfg.hetero, cluster.rank)
     if cfg.hetero.cores:  # every rank has the same config: all or none take this collective
         mine = cfg.hetero.cores[cluster.rank] if cluster.rank < len(cfg.hetero.cores) else 0.0
@@ -77,7 +79,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         resumed = ckpt.restore(algo, log)
         algo.trace()
         run = Trainer(cfg, algo, test_ds, log, ckpt,
-                      Position.restored(resumed, cluster.size, algo.resized))
+                      Position.restored(resumed, cluster.size, algo.resized), val_ds)
         run.warm_up()
         # The quota slows what the clock and the calibration measure, not the start-up before
         # them (tracing at a sixteenth of a core took tens of seconds).
@@ -153,9 +155,15 @@ class Trainer:
     """The loop over rounds, with evaluation, checkpoints and the run's records around it."""
 
     def __init__(self, cfg: Config, algo: algorithms.Algorithm, test_ds: Dataset, log: RunLog,
-                 ckpt: Checkpointer, position: Position):
+                 ckpt: Checkpointer, position: Position, val_ds: Optional[Dataset] = None):
         self.cfg, self.algo, self.cluster = cfg, algo, algo.cluster
         self.test_ds, self.log, self.ckpt, self.position = test_ds, log, ckpt, position
+        self.val_ds = val_ds
+        # The best model is kept where there is a split to choose it by and checkpoints at all.
+        self.keeps_best = val_ds is not None and cfg.checkpoint.best and cfg.checkpoint.keep > 0
+        # A resumed run's best so far: its evaluations', or the kept model's if that came later.
+        self.best_val = max([e["val_p_at_1"] for e in position.evals if "val_p_at_1" in e]
+                            + [ckpt.best_value() if self.keeps_best else -1.0], default=-1.0)
         train_ds = algo.ctx.train
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
@@ -202,6 +210,11 @@ class Trainer:
             if target is not None and pos.evals and pos.evals[-1]["p_at_1"] >= target:
                 log.say(f"target P@1 {target} reached")
                 break
+            stale = evals_since_best(pos.evals)
+            if cfg.patience is not None and stale >= cfg.patience:
+                log.say(f"early stop: validation P@1 has not passed {self.best_val:.4f} in "
+                        f"{stale} evaluations (train.patience {cfg.patience})")
+                break
         if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
             self.evaluate(pos.last_progress)
         if self.ckpt.final_due(pos.rounds):
@@ -241,11 +254,21 @@ class Trainer:
         rec = dict(event="eval", wall_s=round(pos.wall, 4), epoch=round(progress, 4),
                    samples=int(pos.samples), **{k: round(v, 5) for k, v in m.items()},
                    weight_norm=round(norm, 4))
+        said = ""
+        if self.val_ds is not None:
+            v = self.evaluator_for(model)(self.val_ds, self.cluster, None)
+            rec.update({f"val_{k}": round(v[k], 5) for k in VAL_METRICS})
+            said = f" | val P@1 {rec['val_p_at_1']:.4f}"
+            if rec["val_p_at_1"] > self.best_val:
+                self.best_val = rec["val_p_at_1"]
+                if self.keeps_best:
+                    self.ckpt.save_best(model, pos.rounds, rec, self.cfg.train.algorithm)
+                    said += " (best: kept)"
         pos.evals.append(rec)
         self.log.record(**rec)
         self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
                      f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
-                     f"| PSP@5 {m['psp_at_5']:.4f}")
+                     f"| PSP@5 {m['psp_at_5']:.4f}{said}")
         # The ranks leave an evaluation at different times (rank 0 writes the record); the next
         # window starts together, so no rank's share of the evaluation lands on the training
         # clock as other ranks' wait or as rows the late rank never got to claim.
@@ -273,6 +296,11 @@ class Trainer:
         log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
                 f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "
                 f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
+        kept = summary["kept"]
+        if kept is not None:
+            where = f"kept in {self.ckpt.best_dir}" if self.keeps_best else "not written"
+            log.say(f"best model: epoch {kept['epoch']}, validation P@1 {kept['val_p_at_1']:.4f}, "
+                    f"test P@1 {kept['p_at_1']:.4f} ({where})")
         log.close()
         return summary
 
@@ -293,9 +321,29 @@ class Trainer:
             # Samples per second achieved over what the ranks could do alone, added up.
             "efficiency": round(pos.samples / max(pos.wall, 1e-9) / max(sum(rates), 1e-9), 4),
             "baseline_p_at_1": base_p1, "final": {k: v for k, v in pos.evals[-1].items() if k != "event"},
-            "best_p_at_1": max(e["p_at_1"] for e in pos.evals), "per_rank": per_rank,
+            "best_p_at_1": max(e["p_at_1"] for e in pos.evals),
+            # The evaluation of the best validation P@1: the model predict reads (checkpoint.best).
+            "kept": _kept(pos.evals), "per_rank": per_rank,
             "algorithm_state": self.algo.state(),
         }
+
+
+VAL_METRICS = ("p_at_1", "p_at_3", "p_at_5")  # recorded on the validation split as val_<name>
+
+
+def evals_since_best(evals: list[dict]) -> int:
+    """Evaluations after the first one of the highest validation P@1 (0 without a split)."""
+    scores = [e["val_p_at_1"] for e in evals if "val_p_at_1" in e]
+    return len(scores) - 1 - int(np.argmax(scores)) if scores else 0
+
+
+def _kept(evals: list[dict]) -> Optional[dict]:
+    """The first evaluation of the highest validation P@1 (None without a split)."""
+    scored = [e for e in evals if "val_p_at_1" in e]
+    if not scored:
+        return None
+    best = max(scored, key=lambda e: e["val_p_at_1"])  # max keeps the first of equals
+    return {k: v for k, v in best.items() if k != "event"}
 
 
 def _failure_hook(rank: int) -> Optional[int]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import time
+
+import numpy as np
 from typing import TYPE_CHECKING, Callable, Optional
 
 from hvd_adaptive.config import Config, ConfigError
@@ -45,17 +47,34 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
 SYNTHETIC = "the synthetic training set"  # where messages name the training file
 
 
+def split_validation(cfg: Config, train: Dataset) -> tuple[Dataset, Optional[Dataset]]:
+    """The training rows without the validation split, and the split (None without one).
+
+    The split's rows are drawn by data.validation_seed, the same on every rank; both parts
+    keep the file's row order. Raises ConfigError when the split would take every row or none.
+    """
+    k = cfg.data.validation_rows(train.n_rows, train.source or SYNTHETIC)
+    if k == 0:
+        return train, None
+    held = np.random.default_rng(cfg.data.validation_seed).permutation(train.n_rows)[:k]
+    keep = np.ones(train.n_rows, bool)
+    keep[held] = False
+    return train.subset(np.flatnonzero(keep)), train.subset(np.sort(held))
+
+
 def synth_spec(cfg: Config) -> SynthSpec:
     """The synthetic data set's shape and seed from data.synth (a preset, scaled, overridden)."""
     s = cfg.data.synth
     overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
                                              "nnz_mean", "labels_mean") if getattr(s, k) is not None}
+    if s.label_noise:
+        overrides["label_noise"] = s.label_noise
     return preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
 
 
 def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
     """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing
-    file, and from XC files' headers (their first lines) a test file of another shape than the
+    file, a validation split that takes every row or none, and from XC files' headers (their first lines) a test file of another shape than the
     training file, a batch larger than the training rows, or fewer rows than `ranks` (the
     job's size where the launcher told it, else None).
 
@@ -73,6 +92,7 @@ def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
             raise ConfigError(f"data.synth.preset: unknown preset {d.synth.preset!r}; "
                               f"known: {sorted(PRESETS)}")
         n = synth_spec(cfg).n_train
+        cfg.data.validation_rows(n, SYNTHETIC)
         _check_ranks(n, ranks, SYNTHETIC)
         return n
     for key, path in (("data.train", d.train), ("data.test", d.test)):
@@ -81,6 +101,7 @@ def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
     head = read_header(d.train, fmt=d.format)
     if head is not None:
         read_header(d.test, fmt=d.format, n_features=head[1], n_labels=head[2])
+        cfg.data.validation_rows(head[0], d.train)
         _check_ranks(head[0], ranks, d.train)
         _check_batch(cfg, head[0], d.train)
         return head[0]
