@@ -299,7 +299,7 @@ class Trainer:
         kept = summary["kept"]
         if kept is not None:
             where = f"kept in {self.ckpt.best_dir}" if self.keeps_best else "not written"
-            log.say(f"best model: epoch {kept['epoch']}, validation P@1 {kept['val_p_at_1']:.4f}, "
+            log.say(f"best model: epoch {kept['epoch']:.2f}, validation P@1 {kept['val_p_at_1']:.4f}, "
                     f"test P@1 {kept['p_at_1']:.4f} ({where})")
         log.close()
         return summary

@@ -10,6 +10,8 @@
 #   bash launch/bench.sh full            # 67,009 labels: equal ranks, rank 1 under a half-core quota
 #   bash launch/bench.sh scaling         # 13,402 labels on 1, 2, 4, 8 ranks at a quarter core each
 #                                        #   (cgroup quotas), and with half the ranks at an eighth
+#   bash launch/bench.sh accuracy        # the kept model against napkinXC's label tree on the
+#                                        #   default data, with 30% label noise, and eurlex4k-shaped
 #   REPEATS=1 bash launch/bench.sh full --algorithms sync auto   # extra arguments go to every part
 # Times here (2 cores): docs/benchmark.md.
 set -euo pipefail
@@ -17,9 +19,17 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${HVD_ADAPTIVE_VENV:-$REPO/.venv}
 OUT=${OUT:-runs/bench}
 parts=(quick full)
-case "${1:-}" in quick|full|scaling) parts=("$1"); shift ;; esac
+case "${1:-}" in quick|full|scaling|accuracy) parts=("$1"); shift ;; esac
 cd "$REPO"
 for part in "${parts[@]}"; do
+  if [ "$part" = accuracy ]; then
+    acc=("$VENV/bin/python" -m hvd_adaptive.accuracy --config configs/default.yaml --epochs 10
+         --seeds "${REPEATS:-3}" --out "$OUT-$part")
+    "${acc[@]}" --name default "$@"
+    "${acc[@]}" --name noisy --set data.synth.label_noise=0.3 "$@"
+    "${acc[@]}" --name eurlex4k --set data.synth.preset=eurlex4k --set data.synth.scale=1.0 "$@"
+    continue
+  fi
   if [ "$part" = scaling ]; then
     "$VENV/bin/python" -m hvd_adaptive.bench --config configs/bench_quick.yaml --scaling 1 2 4 8 \
       --core 0.25 --repeats "${REPEATS:-3}" --out "$OUT-$part" "$@"

@@ -32,7 +32,11 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     # start of a line, so its progress lines read as written, and a line split into chunks
     # would still show a tag in its middle.
     progress = [line for line in p.stdout.splitlines() if "P@1" in line]
-    assert progress and progress[-1].startswith("done: P@1"), p.stdout[-3000:]
+    assert len(progress) >= 2 and progress[-2].startswith("done: P@1"), p.stdout[-3000:]
+    # The default holds out 5% of the training rows and says which evaluation it would keep
+    # (keep 0 writes nothing).
+    assert progress[-1].startswith("best model: epoch 0.50, validation P@1 "), p.stdout[-3000:]
+    assert progress[-1].endswith("(not written)") and abs(summary["kept"]["epoch"] - 0.5) < 0.01
     assert "[1,0]<stdout>:" not in p.stdout, p.stdout[-3000:]
     # Quiet unless --verbose: neither the ranks nor horovodrun (which imports TensorFlow to
     # check Horovod's build) show TensorFlow's start-up messages.

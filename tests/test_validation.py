@@ -96,6 +96,7 @@ def runs(files, tmp_path_factory):
     return {name: (path, s) for (name, (path, _)), s in zip(spec.items(), train_many(2, spec).values())}
 
 
+@pytest.mark.mpi
 def test_the_best_model_is_kept_and_read_by_default(runs, files, tmp_path):
     run_dir, summary = runs["keep"]
     evals = records(run_dir, "eval")
@@ -121,6 +122,7 @@ def test_the_best_model_is_kept_and_read_by_default(runs, files, tmp_path):
     assert last["checkpoint"].endswith("checkpoints/ckpt-20")
 
 
+@pytest.mark.mpi
 def test_the_early_stop_stops_after_its_patience(runs):
     run_dir, summary = runs["early"]
     val = [e["val_p_at_1"] for e in records(run_dir, "eval")]
@@ -130,6 +132,7 @@ def test_the_early_stop_stops_after_its_patience(runs):
     assert summary["kept"]["val_p_at_1"] == max(val)
 
 
+@pytest.mark.mpi
 def test_a_fresh_run_in_the_folder_drops_the_old_best(runs, tmp_path):
     run_dir, _ = runs["keep"]
     again = tmp_path / "again"
