@@ -4,7 +4,8 @@
         --seeds 3 --ranks 2 --out runs/accuracy [--set KEY=VALUE ...]
 
 For each seed r (train.seed, model.init_seed and the tree's seed r + 1), one `hvd-adaptive train`
-run on `--ranks` ranks with a validation split (data.validation, default 0.05 here) and an
+run on `--ranks` ranks (bench.run_one: no checkpoint is written, `kept` is read from the
+evaluations) with a validation split (data.validation, default 0.05 here) and an
 evaluation every `--eval-every` epochs, then `hvd-adaptive trees` on the same training rows.
 Prints one line a seed and a median row: the kept model's test P@1/P@5/PSP@5, the best test
 P@1 any evaluation reached and the kept model's gap to it (points), the tree's P@1/P@5/PSP@5
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from hvd_adaptive.run import mpirun_command
+from hvd_adaptive.bench import run_one
 
 
 def first_time(evals: list[dict], p1: float) -> Optional[float]:
@@ -38,14 +39,8 @@ def run_seed(args, seed: int, say) -> dict:
         sets.append(f"train.epochs={args.epochs}")
     run_dir = Path(args.out) / f"{args.name}-r{seed}"
     flags = [a for s in sets for a in ("--set", s)]
-    cmd, env = mpirun_command(args.ranks, ["-m", "hvd_adaptive.cli", "train", "--config",
-                                           args.config, "--run-dir", str(run_dir), *flags])
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{run_dir} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
-    evals = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [e for e in evals if e["event"] == "eval"]
+    run = run_one(args.config, args.ranks, sets, run_dir)  # the benchmark's runs: no checkpoints
+    summary, evals = run["summary"], run["evals"]
     tree_out = run_dir / "trees.json"
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.cli", "trees", "--config", args.config,
                         *flags, "--threads", str(args.ranks), "--out", str(tree_out)],

@@ -138,15 +138,20 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_args(q: argparse.ArgumentParser) -> None:
+    """--config and --set, as every command that reads a config takes them."""
+    q.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
+    q.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable; value parsed as YAML)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvd-adaptive", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one configuration (under horovodrun/mpirun/srun)")
-    t.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
-    t.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable; value parsed as YAML)")
+    config_args(t)
     t.add_argument("--run-dir", help="output folder (default runs/<algorithm>-<time>)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the run folder's newest complete checkpoint, if any "
@@ -156,9 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     u = sub.add_parser("tune", help="print the learning rate optim.lr=auto chooses for a config, "
                        "without training (under the same launcher and ranks as the training)")
-    u.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
-    u.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable; value parsed as YAML)")
+    config_args(u)
     u.add_argument("--run-dir", help="folder for the probe's config.json and start record "
                    "(default runs/<algorithm>-<time>)")
     u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
@@ -166,9 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("trees", help="train napkinXC's label tree (PLT) on a config's data, "
                        "as the network does, and print its time and test P@k (one process)")
-    e.add_argument("--config", help="YAML config (default: built-in defaults, synthetic data)")
-    e.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable; value parsed as YAML)")
+    config_args(e)
     e.add_argument("--threads", type=int, help="napkinXC's threads (default: every core)")
     e.add_argument("--out", help="JSON file for the result")
     e.set_defaults(fn=_trees)

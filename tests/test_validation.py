@@ -4,13 +4,15 @@ whose labels are half noise (data.synth.label_noise 0.5: the validation P@1 fall
 between evaluations), and napkinXC's PLT on the same rows."""
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from hvd_adaptive.config import ConfigError, load_config
 from hvd_adaptive.data import load_dataset, preset, split_validation, synth_to_files, synthesize
-from mpirun import before_tf, records, train, train_many
+from mpirun import REPO, before_tf, mpi_env, records, train, train_many
 from trained_run import TINY, cli
 
 
@@ -157,3 +159,23 @@ def test_the_tree_method_trains_on_the_same_rows(files, tmp_path):
     baseline = np.mean([frequent in test.labels[r].indices for r in range(test.n_rows)])
     assert got["metrics"]["p_at_1"] > baseline + 0.05, (got["metrics"], baseline)
     assert f"P@1 {got['metrics']['p_at_1']:.4f}" in p.stdout
+
+
+@pytest.mark.mpi
+def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(files, tmp_path):
+    train_txt, test_txt = files
+    p = subprocess.run([sys.executable, "-m", "hvd_adaptive.accuracy", "--config", "configs/tiny.yaml",
+                        "--name", "t", "--seeds", "1", "--epochs", "4", "--eval-every", "1",
+                        "--validation", "0.1", "--set", f"data.train={train_txt}",
+                        "--set", f"data.test={test_txt}", "--out", str(tmp_path)],
+                       cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "accuracy-t.json").read_text())["rows"]
+    evals = records(tmp_path / "t-r0", "eval")
+    best = max(evals, key=lambda e: e["val_p_at_1"])
+    assert row["kept_p1"] == best["p_at_1"] and row["best_p1"] == max(e["p_at_1"] for e in evals)
+    assert row["gap_points"] == pytest.approx(100 * (row["best_p1"] - row["kept_p1"]), abs=0.01)
+    tree = json.loads((tmp_path / "t-r0" / "trees.json").read_text())
+    assert row["tree_p1"] == tree["metrics"]["p_at_1"] and tree["train_rows"] == 1800
+    reached = [e["wall_s"] for e in evals if e["p_at_1"] >= row["tree_p1"]]
+    assert row["net_s_to_tree_p1"] == (reached[0] if reached else None)
