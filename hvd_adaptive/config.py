@@ -163,11 +163,18 @@ class OptimConfig:
     optimizers use this value, and it keeps the first steps of rarely-pushed weights (every
     negative label's output weights) smaller than a tenth of it would (docs/benchmark.md,
     "Settings chosen by the tool")."""
+    initial_accumulator: float = 0.0
+    """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
+    Adagrad: 0.1). Above zero, a weight's first steps grow with its gradient,
+    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "eps")
+        if self.initial_accumulator < 0:
+            raise ConfigError(f"{path}.initial_accumulator: must be >= 0, got "
+                              f"{self.initial_accumulator}")
         if self.lr != "auto":
             _positive(self, path, "lr")
         if self.weight_decay < 0:

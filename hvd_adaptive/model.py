@@ -303,7 +303,8 @@ class Optimizer(tf.Module):
             raise ValueError("rowwise_adagrad needs the row axes of the model's layers (row_axes)")
         self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
         nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
-        self.slots = [[tf.Variable(tf.zeros(self._slot_shape(v, axis)), trainable=False)
+        start = cfg.initial_accumulator if cfg.name in ("adagrad", "rowwise_adagrad") else 0.0
+        self.slots = [[tf.Variable(tf.fill(self._slot_shape(v, axis), start), trainable=False)
                        for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
 
     @classmethod

@@ -141,7 +141,8 @@ class Optimizer(tf.Module):
         self.lr = tf.Variable(0.0 if ocfg.lr == "auto" else ocfg.lr, trainable=False)
         shapes = [[v.shape[0], 1] if i == 0 and ocfg.name == "rowwise_adagrad" else v.shape
                   for i, v in enumerate(variables)]
-        self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.zeros(s)) for s in shapes]
+        start = ocfg.initial_accumulator if ocfg.name in ("adagrad", "rowwise_adagrad") else 0.0
+        self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.fill(s, start)) for s in shapes]
 
     def apply(self, grads, variables):
         c = self.cfg

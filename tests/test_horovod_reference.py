@@ -10,7 +10,7 @@ from mpirun import explain, mpirun, records, train
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
-CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep"]
+CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep", "rowwise_adagrad:acc"]
 
 
 @pytest.fixture(scope="module")

@@ -80,16 +80,19 @@ def test_same_seed_same_model():
         np.testing.assert_array_equal(x.numpy(), y.numpy())
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adagrad:acc"])
 def test_fused_kernels_follow_the_update_formulas(name):
-    """TensorFlow's kernels against the formulas in numpy, dense and row-sparse (duplicates summed)."""
+    """TensorFlow's kernels against the formulas in numpy, dense and row-sparse (duplicates
+    summed); `adagrad:acc` starts its accumulators at optim.initial_accumulator."""
     rng = np.random.default_rng(3)
-    cfg = OptimConfig(name=name, lr=0.1, momentum=0.9, eps=1e-7)
+    name, _, acc = name.partition(":")
+    start = 0.5 if acc else 0.0
+    cfg = OptimConfig(name=name, lr=0.1, momentum=0.9, eps=1e-7, initial_accumulator=start)
     dense, table = tf.Variable(rng.normal(size=(3, 4)).astype(np.float32)), \
         tf.Variable(rng.normal(size=(6, 2)).astype(np.float32))
     opt = Optimizer([dense, table], cfg)
     want_d, want_t = dense.numpy().astype(np.float64), table.numpy().astype(np.float64)
-    slot_d, slot_t = np.zeros_like(want_d), np.zeros_like(want_t)
+    slot_d, slot_t = np.full_like(want_d, start), np.full_like(want_t, start)
     for _ in range(3):
         gd = rng.normal(size=(3, 4)).astype(np.float32)
         rows = np.array([4, 1, 4])  # row 4 twice: its two gradients are summed
@@ -113,17 +116,20 @@ def test_fused_kernels_follow_the_update_formulas(name):
     np.testing.assert_allclose(table.numpy(), want_t, rtol=1e-5, atol=1e-6)
 
 
-def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse():
+@pytest.mark.parametrize("start", [0.0, 0.5])
+def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse(start):
     """One accumulator per row (the mean of the row's squared gradient) on layers with rows,
     along axis 1 (the full softmax's [hidden x labels]) and axis 0 (row-sparse, duplicates
-    summed); Adagrad's per-entry accumulator on a layer without rows."""
+    summed); Adagrad's per-entry accumulator on a layer without rows; all of them start at
+    optim.initial_accumulator."""
     rng = np.random.default_rng(5)
     out, table, bias = (tf.Variable(rng.normal(size=s).astype(np.float32)) for s in ((3, 4), (6, 2), (4,)))
-    opt = Optimizer([out, table, bias], OptimConfig(name="rowwise_adagrad", lr=0.1, eps=1e-7),
+    opt = Optimizer([out, table, bias], OptimConfig(name="rowwise_adagrad", lr=0.1, eps=1e-7,
+                                                    initial_accumulator=start),
                     row_axes=[1, 0, None])
     assert [s[0].shape.as_list() for s in opt.slots] == [[1, 4], [6, 1], [4]]
     want = [x.numpy().astype(np.float64) for x in (out, table, bias)]
-    acc = [np.zeros(s[0].shape) for s in opt.slots]
+    acc = [np.full(s[0].shape, start) for s in opt.slots]
     for _ in range(3):
         go, gb = rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)
         rows = np.array([4, 1, 4])  # row 4 twice: its two gradients are summed first

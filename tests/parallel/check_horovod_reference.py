@@ -3,7 +3,8 @@ project's maths: from the same initial weights, on the same global batches, its 
 project's `sync` steps leave the same weights and optimizer state.
 
 Usage: mpirun -np 2 python tests/parallel/check_horovod_reference.py CASE [CASE ...]
-  CASE: OPTIMIZER[:deep] (sgd, momentum, adagrad, rowwise_adagrad; `deep`: two hidden layers,
+  CASE: OPTIMIZER[:deep|:acc] (sgd, momentum, adagrad, rowwise_adagrad; `deep`: two hidden layers,
+  `acc`: accumulators starting at optim.initial_accumulator 0.1,
   so a dense hidden kernel sits between the row-sparse input layer and the output layer); the
   cases run one after another in the same ranks.
 
@@ -45,7 +46,8 @@ def check(case: str, c) -> None:
 
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=sync", f"optim.name={optimizer}", *opt_sets,
-        *(["model.hidden=[48, 32]"] if shape == "deep" else [])])
+        *(["model.hidden=[48, 32]"] if shape == "deep" else []),
+        *(["optim.initial_accumulator=0.1"] if shape == "acc" else [])])
     from hvd_adaptive.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
     from real_algorithm import build
