@@ -7,6 +7,7 @@ Usage:
   hvd-adaptive train ...                 # without a launcher: one rank
   mpirun -np 2 hvd-adaptive tune --config FILE    # the rate optim.lr=auto chooses, no training
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
+  hvd-adaptive data pypi --out data/pypi --projects 80000   # real data: PyPI projects' metadata
   hvd-adaptive trees --config FILE       # napkinXC's label tree on the same rows, for comparison
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
@@ -76,6 +77,14 @@ def _synth(args: argparse.Namespace) -> int:
         raise ConfigError(f"--counts {args.counts}: must be > 0")
     train, test = synth_to_files(spec, Path(args.out), counts=args.counts)
     print(f"wrote {train} and {test} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _pypi(args: argparse.Namespace) -> int:
+    from hvd_adaptive.data.pypi import run
+
+    run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
+        args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
     return 0
 
 
@@ -190,6 +199,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(data.synth.label_noise)")
     s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
     s.set_defaults(fn=_synth)
+    y = dsub.add_parser("pypi", help="fetch (cached) PyPI projects' metadata and write a real "
+                        "XC train/test pair: words as features, keywords and classifiers as labels")
+    y.add_argument("--out", required=True, help="folder for the fetch's cache and the data set")
+    y.add_argument("--projects", type=int, default=80000, help="projects sampled (default 80000)")
+    y.add_argument("--seed", type=int, default=1, help="seed of the sample and of the split")
+    y.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
+    y.add_argument("--min-label-count", type=int, default=2,
+                   help="rows a label needs (train and test, default 2)")
+    y.add_argument("--min-feature-df", type=int, default=2,
+                   help="training rows a word needs to be a feature (default 2)")
+    y.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
+    y.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
+    y.add_argument("--retry-failed", action="store_true",
+                   help="request the names whose fetch failed earlier again")
+    y.set_defaults(fn=_pypi)
 
     r = sub.add_parser("report", help="plot P@1 against wall time from run folders")
     r.add_argument("runs", nargs="*", help="run folders (each with metrics.jsonl)")
