@@ -18,10 +18,11 @@ Two steps, both usable alone:
 Labels of a project: each keyword as ``kw:<keyword>`` (the keywords string is split on commas,
 or on whitespace when it has no comma; lowercased, punctuation stripped at both ends except a
 trailing ``+`` or ``#``, which keeps ``c++`` and ``c#``; empty ones and ones longer than 40
-characters dropped) and each classifier under ``Topic ::``, ``Framework ::``, ``Intended
-Audience ::``, ``Natural Language ::`` or ``Environment ::`` as ``cls:<classifier>``. The other
-classifiers (Python versions, licenses, operating systems, development status) are on nearly
-every project and say nothing about its content.
+characters dropped) and each classifier under ``Topic ::``, ``Framework ::`` or
+``Environment ::`` as ``cls:<classifier>``. The other classifiers (Python versions, licenses,
+operating systems, development status, intended audience, natural language) are on nearly
+every project or say nothing about its content: "Intended Audience :: Developers" alone would
+be on over half of the rows, and predicting it would score a P@1 of 0.57.
 
 Features: lowercase word tokens (:data:`TOKEN`, trailing dots stripped) of the name (split at
 ``-``, ``_`` and ``.``), the summary and the description, valued TF-IDF (``1 + log tf`` times
@@ -65,8 +66,7 @@ PROJECT_URL = "https://pypi.org/pypi/{name}/json"
 USER_AGENT = "hvd_adaptive-pypi-data/0.1 (research data set; python-urllib)"
 DESCRIPTION_CHARS = 4000
 MAX_KEYWORD_CHARS = 40
-LABEL_CLASSIFIERS = ("Topic ::", "Framework ::", "Intended Audience ::", "Natural Language ::",
-                     "Environment ::")
+LABEL_CLASSIFIERS = ("Topic ::", "Framework ::", "Environment ::")
 TOKEN = re.compile(r"[a-z][a-z0-9_+#.-]{1,30}")
 _NAME_SPLIT = re.compile(r"[-_.]+")
 _LEAD_STRIP = string.punctuation + string.whitespace + "\u201c\u201d\u2018\u2019"
