@@ -83,8 +83,12 @@ def _synth(args: argparse.Namespace) -> int:
 def _pypi(args: argparse.Namespace) -> int:
     from hvd_adaptive.data.pypi import run
 
-    run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
-        args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
+    try:
+        run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
+            args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
+    except OSError as e:  # the network, or the output folder
+        print(f"hvd-adaptive data pypi: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -34,7 +34,6 @@ Command line (fetches, cached, then builds)::
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import html
 import http.client
@@ -654,22 +653,6 @@ def build(records, out_dir, test_fraction: float = 0.25, seed: int = 1,
 # ----------------------------------------------------------------------------- command line
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The command's options (``python -m hvd_adaptive.data.pypi``)."""
-    p.add_argument("--out", required=True, help="folder for the cache and the data set")
-    p.add_argument("--projects", type=int, default=80000, help="projects sampled (default 80000)")
-    p.add_argument("--seed", type=int, default=1, help="seed of the sample and of the split")
-    p.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
-    p.add_argument("--min-label-count", type=int, default=2,
-                   help="rows a label needs (train and test, default 2)")
-    p.add_argument("--min-feature-df", type=int, default=2,
-                   help="training rows a word needs to be a feature (default 2)")
-    p.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
-    p.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="request the names whose fetch failed earlier again")
-
-
 def run(out, projects=80000, seed=1, workers=8, min_label_count=2, min_feature_df=2,
         max_features=200_000, test_fraction=0.25, retry_failed=False) -> dict:
     """Fetch (cached) the sample, then build the data set of its records into `out`;
@@ -691,17 +674,10 @@ def run(out, projects=80000, seed=1, workers=8, min_label_count=2, min_feature_d
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hvd_adaptive.data.pypi",
-                                description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    a = p.parse_args(argv)
-    try:
-        run(a.out, a.projects, a.seed, a.workers, a.min_label_count, a.min_feature_df,
-            a.max_features, a.test_fraction, a.retry_failed)
-    except (ValueError, OSError) as e:
-        print(f"{p.prog}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    """``python -m hvd_adaptive.data.pypi ARGS`` is ``hvd-adaptive data pypi ARGS``."""
+    from hvd_adaptive.cli import main as cli_main
+
+    return cli_main(["data", "pypi", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
