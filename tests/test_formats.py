@@ -297,3 +297,21 @@ def test_dataset_rejects_inconsistent_arrays():
     with pytest.raises(ValueError):
         Dataset(ds.indptr, ds.indices[:-1], ds.values[:-1], ds.label_indptr,
                 ds.label_indices, 10, 5)
+
+
+def test_atomic_text_replaces_the_file_only_when_the_write_ends(tmp_path):
+    """write_xc's and the PyPI builder's files: an error part way leaves the old file as it
+    was and no temporary file behind; a finished write replaces it."""
+    atomic_text = formats.atomic_text
+    path = tmp_path / "labels.txt"
+    path.write_text("old\n")
+    with pytest.raises(RuntimeError):
+        with atomic_text(path) as f:
+            f.write("half of the new\n")
+            raise RuntimeError("interrupted")
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.txt"]
+    with atomic_text(path) as f:
+        f.write("new\n")
+    assert path.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labels.txt"]

@@ -342,6 +342,26 @@ def _format_values(v: np.ndarray) -> list[str]:
     return short
 
 
+@contextlib.contextmanager
+def atomic_text(path, encoding: str = "utf-8"):
+    """A text file opened for writing whose content replaces ``path`` only when the block ends
+    without an error (a temporary file in the same folder, synced, then renamed over it), so
+    readers never see a half-written file and an error leaves the old one in place."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding=encoding, newline="\n") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_xc(path, ds: Dataset, *, header=True) -> None:
     """Write a dataset as XC text (or LIBSVM text with ``header=False``), atomically.
 
@@ -353,37 +373,26 @@ def write_xc(path, ds: Dataset, *, header=True) -> None:
         ds: Dataset to write.
         header: Whether to write the ``N_points N_features N_labels`` header.
     """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as f:
-            if header:
-                f.write(f"{ds.n_rows} {ds.n_features} {ds.n_labels}\n")
-            step = 20000
-            for a in range(0, ds.n_rows, step):
-                b = min(a + step, ds.n_rows)
-                ip = np.asarray(ds.indptr[a:b + 1]) - int(ds.indptr[a])
-                lp = np.asarray(ds.label_indptr[a:b + 1]) - int(ds.label_indptr[a])
-                sl = slice(int(ds.indptr[a]), int(ds.indptr[b]))
-                feats = list(map("{}:{}".format, ds.indices[sl].tolist(),
-                                 _format_values(np.asarray(ds.values[sl], np.float32))))
-                labs = list(map(str, ds.label_indices[ds.label_indptr[a]:ds.label_indptr[b]]
-                                .tolist()))
-                lines = []
-                for r in range(b - a):
-                    lab = ",".join(labs[lp[r]:lp[r + 1]])
-                    feat = " ".join(feats[ip[r]:ip[r + 1]])
-                    # A label-less row must start with a space; a feature-less one needs none.
-                    lines.append(f"{lab} {feat}\n" if feat or not lab else f"{lab}\n")
-                f.write("".join(lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_text(path, encoding="ascii") as f:
+        if header:
+            f.write(f"{ds.n_rows} {ds.n_features} {ds.n_labels}\n")
+        step = 20000
+        for a in range(0, ds.n_rows, step):
+            b = min(a + step, ds.n_rows)
+            ip = np.asarray(ds.indptr[a:b + 1]) - int(ds.indptr[a])
+            lp = np.asarray(ds.label_indptr[a:b + 1]) - int(ds.label_indptr[a])
+            sl = slice(int(ds.indptr[a]), int(ds.indptr[b]))
+            feats = list(map("{}:{}".format, ds.indices[sl].tolist(),
+                             _format_values(np.asarray(ds.values[sl], np.float32))))
+            labs = list(map(str, ds.label_indices[ds.label_indptr[a]:ds.label_indptr[b]]
+                            .tolist()))
+            lines = []
+            for r in range(b - a):
+                lab = ",".join(labs[lp[r]:lp[r + 1]])
+                feat = " ".join(feats[ip[r]:ip[r + 1]])
+                # A label-less row must start with a space; a feature-less one needs none.
+                lines.append(f"{lab} {feat}\n" if feat or not lab else f"{lab}\n")
+            f.write("".join(lines))
 
 
 # ----------------------------------------------------------------------------- binary cache

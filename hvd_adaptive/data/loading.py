@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
-from typing import TYPE_CHECKING, Callable, Optional
 
 from hvd_adaptive.config import Config, ConfigError
 from hvd_adaptive.data.formats import DataError, Dataset, load_dataset, read_header
@@ -74,9 +74,10 @@ def synth_spec(cfg: Config) -> SynthSpec:
 
 def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
     """The data errors a rank can see before MPI starts: an unknown synthetic preset, a missing
-    file, a validation split that takes every row or none, and from XC files' headers (their first lines) a test file of another shape than the
-    training file, a batch larger than the training rows, or fewer rows than `ranks` (the
-    job's size where the launcher told it, else None).
+    file, a validation split that takes every row or none, and from XC files' headers (their
+    first lines) a test file of another shape than the training file, a batch larger than the
+    training rows, or fewer rows than `ranks` (the job's size where the launcher told it, else
+    None).
 
     Returns:
         The training rows where known without reading the data (synthetic, or a file with a

@@ -34,7 +34,6 @@ Command line (fetches, cached, then builds)::
 """
 from __future__ import annotations
 
-import contextlib
 import html
 import http.client
 import json
@@ -44,7 +43,6 @@ import re
 import ssl
 import string
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -58,7 +56,7 @@ from typing import Iterable, Optional
 import numpy as np
 import scipy.sparse as sp
 
-from .formats import DataError, Dataset, write_xc
+from .formats import DataError, Dataset, atomic_text, write_xc
 
 INDEX_URL = "https://pypi.org/simple/"
 PROJECT_URL = "https://pypi.org/pypi/{name}/json"
@@ -154,16 +152,8 @@ def _repair_tail(path: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_text(path) as f:
+        f.write(text)
 
 
 # ----------------------------------------------------------------------------- fetching
