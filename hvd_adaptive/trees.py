@@ -25,19 +25,6 @@ from hvd_adaptive.metrics import finalize, inverse_propensities, metric_sums, su
 K = 5
 
 
-class _OneProcess:
-    """What data.load_data needs of a job, for a single process."""
-
-    is_root = True
-
-    @property
-    def comm(self):
-        return self
-
-    def Barrier(self):  # noqa: N802 - the loader calls the MPI name
-        pass
-
-
 def top_k(predicted: list, frequent: np.ndarray, k: int = K) -> np.ndarray:
     """napkinXC's predictions ([label, ...] or [(label, score), ...] a row) as an int [rows, k]
     array; a row with fewer than k labels is filled with the most frequent labels it lacks."""
@@ -58,7 +45,7 @@ def run_plt(cfg: Config, threads: Optional[int] = None, say=print) -> dict:
     """
     from napkinxc.models import PLT  # test dependency, needed only here
 
-    train, test = load_data(cfg, _OneProcess())
+    train, test = load_data(cfg)  # one process, no job
     train, _ = split_validation(cfg, train)
     threads = threads or os.cpu_count() or 1
     freq = train.label_frequencies()

@@ -15,22 +15,25 @@ if TYPE_CHECKING:
     from hvd_adaptive.distributed import Cluster
 
 
-def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
+def load_data(cfg: Config, cluster: Optional[Cluster] = None) -> tuple[Dataset, Dataset]:
     """Train and test sets on every rank: synthetic (same seed everywhere) or files.
 
     Rank 0 parses files first and writes the binary caches; the others then memory-map them,
-    so ranks never race to build one cache.
+    so ranks never race to build one cache. `cluster`: what the loader needs of the job
+    (`is_root` and `comm.Barrier()`); None for a single process outside any job.
     """
     check_sources(cfg)
     d = cfg.data
+    root = cluster is None or cluster.is_root
+    barrier = (lambda: None) if cluster is None else cluster.comm.Barrier
     if d.train == "synthetic":
         spec = synth_spec(cfg)
-        say = _progress("generating synthetic data", cluster.is_root)
+        say = _progress("generating synthetic data", root)
         if d.cache_dir is None:
             return synthesize(spec, say)
         # Rank 0 generates and writes the cache; the others then memory-map it.
-        out = synthesize_cached(spec, d.cache_dir, say) if cluster.is_root else None
-        cluster.comm.Barrier()
+        out = synthesize_cached(spec, d.cache_dir, say) if root else None
+        barrier()
         return out if out is not None else synthesize_cached(spec, d.cache_dir)
 
     def load() -> tuple[Dataset, Dataset]:
@@ -39,8 +42,8 @@ def load_data(cfg: Config, cluster: Cluster) -> tuple[Dataset, Dataset]:
                             n_features=train.n_features, n_labels=train.n_labels)
         return train, test
 
-    out = load() if cluster.is_root else None
-    cluster.comm.Barrier()
+    out = load() if root else None
+    barrier()
     return out if out is not None else load()
 
 
