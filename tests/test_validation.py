@@ -85,6 +85,17 @@ def test_label_noise_redraws_that_fraction_of_the_labels_and_nothing_else():
     assert np.array_equal(again.label_indices, clean.label_indices)
 
 
+def test_noisy_rows_take_their_new_labels_in_place_and_the_others_keep_theirs():
+    """synth's _replace_rows on flat per-row labels: rows 0 and 3 replaced, 1 (empty) and 2 kept."""
+    from hvd_adaptive.data.synth import _replace_rows
+
+    k, labels = np.array([2, 0, 3, 1]), np.array([1, 2, 3, 4, 5, 6])
+    k_out, out = _replace_rows(k, labels, np.array([True, False, False, True]),
+                               np.array([1, 3]), np.array([9, 7, 8, 6]))
+    assert k_out.tolist() == [1, 0, 3, 3]
+    assert out.tolist() == [9, 3, 4, 5, 7, 8, 6]
+
+
 @pytest.fixture(scope="module")
 def runs(files, tmp_path_factory):
     """Two 2-rank sync runs on the noisy files, evaluated every epoch with a tenth of the

@@ -200,16 +200,14 @@ def _chunk(model: _Model, spec: SynthSpec, m: int, rng: np.random.Generator):
 
 
 def _replace_rows(k, labels, which, k2, labels2):
-    """Flat per-row labels (counts `k`) with the rows `which` replaced by (`k2`, `labels2`)."""
-    start = np.cumsum(k) - k
+    """Flat per-row labels (counts `k`) with the rows `which` replaced by (`k2`, `labels2`):
+    both keep their rows' order, so each fills its own positions of the result in order."""
     k_out = k.copy()
     k_out[which] = k2
-    start2 = np.zeros(len(k), np.int64)
-    start2[which] = np.cumsum(k2) - k2
-    row = np.repeat(np.arange(len(k)), k_out)
-    pos = np.arange(len(row)) - (np.cumsum(k_out) - k_out)[row]
-    out = np.where(which[row], labels2[np.minimum(start2[row] + pos, max(len(labels2) - 1, 0))]
-                   if len(labels2) else 0, labels[np.minimum(start[row] + pos, len(labels) - 1)])
+    out = np.empty(int(k_out.sum()), labels.dtype)
+    new = np.repeat(which, k_out)
+    out[~new] = labels[np.repeat(~which, k)]
+    out[new] = labels2
     return k_out, out
 
 
