@@ -28,7 +28,7 @@ VERBOSE_HELP = "show TensorFlow's and absl's start-up messages on every rank (hi
 
 def _train(args: argparse.Namespace) -> int:
     from hvd_adaptive.config import ConfigError, load_config
-    from hvd_adaptive.run import run_training
+    from hvd_adaptive.train.run import run_training
 
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir: the folder of the run to continue")
@@ -39,7 +39,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace) -> int:
     from hvd_adaptive.config import load_config
-    from hvd_adaptive.run import run_training
+    from hvd_adaptive.train.run import run_training
 
     cfg, _ = load_config(args.config, [*args.set, "optim.lr=auto", "checkpoint.keep=0"],
                          extra_sections=("sweep",))
@@ -50,7 +50,7 @@ def _trees(args: argparse.Namespace) -> int:
     import json
 
     from hvd_adaptive.config import load_config
-    from hvd_adaptive.trees import run_plt
+    from hvd_adaptive.bench.trees import run_plt
 
     cfg, _ = load_config(args.config, args.set, extra_sections=("sweep",))
     out = run_plt(cfg, threads=args.threads)
@@ -80,26 +80,14 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pypi(args: argparse.Namespace) -> int:
-    from hvd_adaptive.data.pypi import run
-
-    try:
-        run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
-            args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
-    except OSError as e:  # the network, or the output folder
-        print(f"hvd-adaptive data pypi: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def _report(args: argparse.Namespace) -> int:
-    from hvd_adaptive.report import main as report_main
+    from hvd_adaptive.bench.report import main as report_main
 
     return report_main(args)
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from hvd_adaptive.sweep import main as sweep_main
+    from hvd_adaptive.bench.sweep import main as sweep_main
 
     return sweep_main(args)
 
@@ -107,8 +95,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _open_run(args: argparse.Namespace):
     """The run's verified checkpoint and the inputs' checks, all before TensorFlow starts."""
     from hvd_adaptive.config import ConfigError
-    from hvd_adaptive.run import quiet_tensorflow
-    from hvd_adaptive.runmodel import open_run
+    from hvd_adaptive.train.run import quiet_tensorflow
+    from hvd_adaptive.serve.runmodel import open_run
 
     run = open_run(args.run_dir, args.checkpoint)
     if getattr(args, "k", None) is not None:
@@ -124,7 +112,7 @@ def _open_run(args: argparse.Namespace):
 
 def _predict(args: argparse.Namespace) -> int:
     run = _open_run(args)
-    from hvd_adaptive.predict import predict
+    from hvd_adaptive.serve.predict import predict
 
     predict(run, args.data, args.out, args.k, args.batch_rows, args.progress_every)
     return 0
@@ -132,7 +120,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     run = _open_run(args)
-    from hvd_adaptive.predict import evaluate
+    from hvd_adaptive.serve.predict import evaluate
 
     evaluate(run, args.data, args.out, args.rows)
     return 0
@@ -145,7 +133,7 @@ def _export(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: exists and is not an empty folder; export into a new one")
     run = _open_run(args)
-    from hvd_adaptive.export import export
+    from hvd_adaptive.serve.export import export
 
     print(f"exported {run.path} (top {args.k} of {run.n_labels} labels) to {export(run, args.out, args.k)}")
     return 0
@@ -203,28 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "(data.synth.label_noise)")
     s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
     s.set_defaults(fn=_synth)
+    from hvd_adaptive.data.pypi import add_arguments as pypi_arguments
+
     y = dsub.add_parser("pypi", help="fetch (cached) PyPI projects' metadata and write a real "
                         "XC train/test pair: words as features, keywords and classifiers as labels")
-    y.add_argument("--out", required=True, help="folder for the fetch's cache and the data set")
-    y.add_argument("--projects", type=int, default=80000, help="projects sampled (default 80000)")
-    y.add_argument("--seed", type=int, default=1, help="seed of the sample and of the split")
-    y.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
-    y.add_argument("--min-label-count", type=int, default=2,
-                   help="rows a label needs (train and test, default 2)")
-    y.add_argument("--min-feature-df", type=int, default=2,
-                   help="training rows a word needs to be a feature (default 2)")
-    y.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
-    y.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
-    y.add_argument("--retry-failed", action="store_true",
-                   help="request the names whose fetch failed earlier again")
-    y.set_defaults(fn=_pypi)
+    pypi_arguments(y)
 
     r = sub.add_parser("report", help="plot P@1 against wall time from run folders")
     r.add_argument("runs", nargs="*", help="run folders (each with metrics.jsonl)")
     r.add_argument("--out", default="report.png", help="figure file (PNG)")
     r.add_argument("--target", type=float, help="P@1 target for the time-to-target column")
     r.add_argument("--scaling", metavar="JSON", help="instead of run folders: the scalability "
-                   "figure from the scaling benchmark's scaling.json (hvd_adaptive/scaling.py)")
+                   "figure from the scaling benchmark's scaling.json (hvd_adaptive/bench/scaling.py)")
     r.set_defaults(fn=_report)
 
     w = sub.add_parser("sweep", help="grid sweeps from a config's sweep: section")
@@ -287,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The `hvd-adaptive` command: main, then a quick exit (distributed.exit_process)."""
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())
 

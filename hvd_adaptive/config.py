@@ -7,7 +7,7 @@ another filled in) is written to the run folder as `config.json`.
 
 This module is the ground floor: it imports nothing else of hvd_adaptive. Names that live in
 registries above it are checked where the registries live, before MPI and TensorFlow start
-(run.check_inputs): train.algorithm by hvd_adaptive.algorithms, data.synth.preset by
+(run.check_inputs): train.algorithm by hvd_adaptive.train.algorithms, data.synth.preset by
 hvd_adaptive.data.
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ class OptimConfig:
     (model.Optimizer): less optimizer state for adaptive SGD's merges to move."""
     lr: Union[float, Literal["auto"]] = "auto"
     """Base learning rate (lr0 of the papers: the rate at the largest batch), or "auto": chosen
-    at start by a short probe of candidate rates on the training rows (hvd_adaptive.tune),
+    at start by a short probe of candidate rates on the training rows (hvd_adaptive.train.tune),
     whose time is charged to the run's clock. A number is used as given."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
@@ -187,7 +187,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     algorithm: str = "sync"
-    """Training algorithm, a name in hvd_adaptive.algorithms.ALGORITHMS (which checks it);
+    """Training algorithm, a name in hvd_adaptive.train.algorithms.ALGORITHMS (which checks it);
     see docs/algorithms.md."""
     epochs: float = 3.0
     """Passes over the training set (fractions allowed)."""
@@ -267,7 +267,7 @@ class SyncConfig:
 
 @dataclass(frozen=True)
 class AutoConfig:
-    """The hybrid mode (train.algorithm: auto, hvd_adaptive/algorithms/auto.py): every
+    """The hybrid mode (train.algorithm: auto, hvd_adaptive/train/algorithms/auto.py): every
     window either aggregates gradients (sync with the proportional split) or trains adaptive
     SGD's window and merges, whichever measured more goodput."""
 
@@ -373,7 +373,7 @@ class AdaptiveConfig:
 
 @dataclass(frozen=True)
 class MergeConfig:
-    """How the model-averaging algorithms (local, adaptive) merge replicas (hvd_adaptive/merge.py)."""
+    """How the model-averaging algorithms (local, adaptive) merge replicas (hvd_adaptive/parallel/merge.py)."""
 
     sparse: bool = True
     """Carry only the rows of the input and output layers that some rank touched since the last
@@ -457,7 +457,7 @@ class PhaseConfig:
 
 @dataclass(frozen=True)
 class HeteroConfig:
-    """Heterogeneity injected into a run (hvd_adaptive/hetero.py): the same for every algorithm."""
+    """Heterogeneity injected into a run (hvd_adaptive/train/hetero.py): the same for every algorithm."""
 
     slowdown: dict[int, float] = field(default_factory=dict)
     """Rank -> slowdown factor (>= 1), e.g. {1: 2.0} makes rank 1 two times slower."""
@@ -511,7 +511,7 @@ class HeteroConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Checkpoints in `<run_dir>/checkpoints/` (see hvd_adaptive/checkpoint.py)."""
+    """Checkpoints in `<run_dir>/checkpoints/` (see hvd_adaptive/train/checkpoint.py)."""
 
     every: Optional[int] = None
     """Rounds (merge windows) between checkpoints; None: only one at the end of training."""

@@ -23,7 +23,7 @@ case "${1:-}" in quick|full|scaling|accuracy) parts=("$1"); shift ;; esac
 cd "$REPO"
 for part in "${parts[@]}"; do
   if [ "$part" = accuracy ]; then
-    acc=("$VENV/bin/python" -m hvd_adaptive.accuracy --config configs/default.yaml --epochs 10
+    acc=("$VENV/bin/python" -m hvd_adaptive.bench.accuracy --config configs/default.yaml --epochs 10
          --seeds "${REPEATS:-3}" --out "$OUT-$part")
     "${acc[@]}" --name default "$@"
     "${acc[@]}" --name noisy --set data.synth.label_noise=0.3 "$@"
@@ -31,7 +31,7 @@ for part in "${parts[@]}"; do
     continue
   fi
   if [ "$part" = scaling ]; then
-    "$VENV/bin/python" -m hvd_adaptive.bench --config configs/bench_quick.yaml --scaling 1 2 4 8 \
+    "$VENV/bin/python" -m hvd_adaptive.bench.speed --config configs/bench_quick.yaml --scaling 1 2 4 8 \
       --core 0.25 --repeats "${REPEATS:-3}" --out "$OUT-$part" "$@"
     "$VENV/bin/hvd-adaptive" report --scaling "$OUT-$part/scaling.json" --out "$OUT-$part/scaling.png"
     continue
@@ -41,7 +41,7 @@ for part in "${parts[@]}"; do
   else
     args=(--config configs/bench.yaml --scenarios even quota --quota-slowdown 2)
   fi
-  "$VENV/bin/python" -m hvd_adaptive.bench "${args[@]}" --algorithms horovod sync adaptive \
+  "$VENV/bin/python" -m hvd_adaptive.bench.speed "${args[@]}" --algorithms horovod sync adaptive \
     --repeats "${REPEATS:-5}" --out "$OUT-$part" "$@"
   # One figure per scenario, first repeat only (all repeats would bury the curves).
   for scen in $(ls -d "$OUT-$part"/*-r0 2>/dev/null | sed 's|.*/||; s|-[^-]*-r0$||' | sort -u); do

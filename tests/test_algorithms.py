@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from hvd_adaptive import balance
-from hvd_adaptive.algorithms.base import chunks
+from hvd_adaptive.train import balance
+from hvd_adaptive.train.algorithms.base import chunks
 from mpirun import explain, mpirun, records, train_many
 
 
@@ -225,7 +225,7 @@ def test_merge_weights_are_row_shares_tilted_while_the_weight_norm_shrinks(rules
 def test_the_algorithm_hears_each_evaluations_weight_norm(rules_run):
     # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
     # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.
-    from hvd_adaptive import checkpoint as ck
+    from hvd_adaptive.train import checkpoint as ck
 
     run, _ = rules_run
     state, _ = ck.load(ck.find_latest(run / "checkpoints")[0])

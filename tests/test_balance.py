@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hvd_adaptive import balance
+from hvd_adaptive.train import balance
 
 
 def test_batch_shares():

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from hvd_adaptive.algorithms import ALGORITHMS
-from hvd_adaptive.bench import (CONTENDERS, limits, measures, scenario_list, scenario_sets,
-                                 skip_reason, table, train_args)
+from hvd_adaptive.train.algorithms import ALGORITHMS
+from hvd_adaptive.bench.measure import limits, measures
+from hvd_adaptive.bench.speed import CONTENDERS, scenario_list, scenario_sets, skip_reason, table, train_args
 
 
 def run(p1s, compute_s, rates=(60.0, 40.0)):
@@ -89,7 +89,7 @@ def test_contenders_write_no_model_unless_the_user_sets_it():
 
 
 def test_scaling_profiles_points_and_table(tmp_path):
-    from hvd_adaptive import scaling
+    from hvd_adaptive.bench import scaling
 
     assert scaling.profile_cores("equal", 4, 0.25) == [0.25] * 4
     assert scaling.profile_cores("half", 8, 0.25) == [0.25] * 4 + [0.125] * 4
@@ -122,8 +122,8 @@ def test_scaling_profiles_points_and_table(tmp_path):
 
 
 def test_the_scaling_figure_names_a_bad_file(tmp_path):
-    from hvd_adaptive import scaling
-    from hvd_adaptive.report import ReportError
+    from hvd_adaptive.bench import scaling
+    from hvd_adaptive.bench.report import ReportError
 
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ReportError, match="x.json: not a scaling.json"):
@@ -131,11 +131,11 @@ def test_the_scaling_figure_names_a_bad_file(tmp_path):
 
 
 def test_the_plain_horovod_script_is_a_contender_of_its_own():
-    """`horovod` runs hvd_adaptive.plain_horovod with the same config and overrides, sits out
+    """`horovod` runs hvd_adaptive.bench.plain_horovod with the same config and overrides, sits out
     the sleep-mode scenarios (a plain script has no computation spans to slow), and shows no
     time breakdown rather than zeros."""
     args = train_args("configs/tiny.yaml", ["train.epochs=2"], Path("runs/x"), "horovod")
-    assert args == ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir",
+    assert args == ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir",
                     "runs/x", "--set", "checkpoint.keep=0", "--set", "train.epochs=2"]
     assert train_args("configs/tiny.yaml", [], Path("runs/x"), "sync")[:3] == ["-m", "hvd_adaptive.cli", "train"]
     assert all("plain script" in skip_reason("horovod", s) for s in ("slowed", "vary"))
@@ -158,7 +158,7 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     from mpirun import explain, mpi_env, run as run_job
 
     out = tmp_path / "bench"
-    p = run_job([sys.executable, "-m", "hvd_adaptive.bench", "--config", "configs/tiny.yaml",
+    p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
                  "--algorithms", "sync", "horovod", "--scenarios", "even", "slowed", "--slowdown", "2",
                  "--target", "0.6", "--out", str(out)], timeout=300, env=mpi_env())
     assert p.returncode == 0, explain(p)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from hvd_adaptive import checkpoint as ck
+from hvd_adaptive.train import checkpoint as ck
 from mpirun import REPO, job_group, mpi_env, mpirun, records, train, train_args
 
 

@@ -65,7 +65,7 @@ def test_input_errors_end_train_before_mpi_and_tensorflow_start(sets, needle):
 EXITING = """
 import atexit, sys
 from mpi4py import MPI
-from hvd_adaptive.distributed import exit_process
+from hvd_adaptive.parallel.distributed import exit_process
 
 class Teardown:
     def __del__(self):

@@ -112,15 +112,17 @@ def test_algorithm_registry_without_tensorflow_until_built():
     # name must still resolve to an Algorithm class once TensorFlow is there.
     code = """
 import importlib, sys
-from hvd_adaptive import cli, run, sweep
-from hvd_adaptive.algorithms import ALGORITHMS, worker_threads
+from hvd_adaptive import cli
+from hvd_adaptive.train import run
+from hvd_adaptive.bench import sweep
+from hvd_adaptive.train.algorithms import ALGORITHMS, worker_threads
 from hvd_adaptive.config import load_config
 cfg, _ = load_config(None, ["train.algorithm=adaptive_hogbatch", "hogbatch.cpu_ranks=[1]",
                             "hogbatch.cpu_threads=1", "train.threads=2"])
 assert (worker_threads(cfg, 0), worker_threads(cfg, 1)) == (2, 1)
-loaded = sorted(m for m in sys.modules if m.startswith(("tensorflow", "horovod", "hvd_adaptive.algorithms.")))
+loaded = sorted(m for m in sys.modules if m.startswith(("tensorflow", "horovod", "hvd_adaptive.train.algorithms.")))
 assert not loaded, loaded
-from hvd_adaptive.algorithms import Algorithm
+from hvd_adaptive.train.algorithms import Algorithm
 for name, target in ALGORITHMS.items():
     module, _, cls = target.partition(":")
     assert issubclass(getattr(importlib.import_module(module), cls), Algorithm), name

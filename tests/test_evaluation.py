@@ -5,8 +5,8 @@ import tensorflow as tf
 
 from hvd_adaptive.config import ModelConfig
 from hvd_adaptive.data import make_batch, preset, synthesize
-from hvd_adaptive.evaluation import Evaluator, plan_blocks
-from hvd_adaptive.model import SparseMLP
+from hvd_adaptive.train.evaluation import Evaluator, plan_blocks
+from hvd_adaptive.model.network import SparseMLP
 
 
 def test_block_plan_respects_the_memory_bound():

@@ -144,7 +144,7 @@ def test_a_model_gone_nan_keeps_the_last_good_checkpoints(tmp_path):
             HVD_ADAPTIVE_FAIL_KIND="nan")
     assert p.returncode != 0
     assert "FloatingPointError: loss became nan" in p.stderr and "(round 6)" in p.stderr, p.stderr
-    from hvd_adaptive import checkpoint as ck
+    from hvd_adaptive.train import checkpoint as ck
 
     kept = sorted(c.name for c in (run / "checkpoints").glob("ckpt-*"))
     assert kept == ["ckpt-4", "ckpt-5", "ckpt-6"], kept

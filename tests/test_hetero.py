@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hvd_adaptive.config import HeteroConfig
-from hvd_adaptive.hetero import CpuQuota, Heterogeneity
+from hvd_adaptive.train.hetero import CpuQuota, Heterogeneity
 
 
 def busy(seconds: float) -> float:
@@ -45,7 +45,7 @@ def test_jitter_is_random_within_its_bound(monkeypatch):
 
 
 def test_quota_periods_are_short_and_keep_the_kernels_minimum():
-    from hvd_adaptive.hetero import quota_period_us
+    from hvd_adaptive.train.hetero import quota_period_us
 
     assert [quota_period_us(c) for c in (2, 0.25, 0.125, 0.1)] == [10_000] * 4
     assert quota_period_us(0.05) == 20_000  # 1 ms of quota, the least the kernel takes
@@ -88,8 +88,8 @@ def test_horovods_cycle_grows_as_the_slowest_ranks_quota_shrinks():
     """The cycle a config's ranks all take (hetero.smallest_quota -> distributed.cycle_ms): 5 ms
     at a core or more and without quotas, 5 ms / cores under them, at most 50 ms."""
     from hvd_adaptive.config import load_config
-    from hvd_adaptive.distributed import cycle_ms
-    from hvd_adaptive.hetero import smallest_quota
+    from hvd_adaptive.parallel.distributed import cycle_ms
+    from hvd_adaptive.train.hetero import smallest_quota
 
     def cycle(*overrides):
         cfg, _ = load_config("configs/tiny.yaml", list(overrides))

@@ -13,10 +13,10 @@ from hvd_adaptive.config import ConfigError, load_config
 from mpirun import mpirun, records, train_many
 
 # ---- the pure policy ----------------------------------------------------------------------------
-from hvd_adaptive.algorithms import worker_threads
-from hvd_adaptive.algorithms.hogbatch import worker_batch
-from hvd_adaptive.balance import adapt_batch, update_shares
-from hvd_adaptive.distributed import require_one_node
+from hvd_adaptive.train.algorithms import worker_threads
+from hvd_adaptive.train.algorithms.hogbatch import worker_batch
+from hvd_adaptive.train.balance import adapt_batch, update_shares
+from hvd_adaptive.parallel.distributed import require_one_node
 
 
 def test_adapt_batch_keeps_batch_inside_the_dead_band():

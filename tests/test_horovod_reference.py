@@ -1,4 +1,4 @@
-"""The benchmark's yardstick, the plain Horovod script (hvd_adaptive/plain_horovod.py), on 2
+"""The benchmark's yardstick, the plain Horovod script (hvd_adaptive/bench/plain_horovod.py), on 2
 real MPI ranks: its step is the project's sync step (same weights after the same global batches),
 it learns on its own and writes run folders the report and the benchmark read, and a CPU quota
 reaches it as it reaches the project's runs."""
@@ -30,8 +30,8 @@ def test_plain_horovod_step_equals_the_projects_sync_step(reference, case):
 
 
 def plain(run_dir, *sets, timeout=240):
-    """`mpirun -np 2 python -m hvd_adaptive.plain_horovod` on the tiny config (asserts success)."""
-    args = ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir", str(run_dir)]
+    """`mpirun -np 2 python -m hvd_adaptive.bench.plain_horovod` on the tiny config (asserts success)."""
+    args = ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir", str(run_dir)]
     for s in sets:
         args += ["--set", s]
     p = mpirun(2, args, timeout=timeout)
@@ -46,8 +46,9 @@ def plain_run(tmp_path_factory):
 
 
 def test_plain_horovod_learns_and_its_run_folder_reads_like_the_projects(plain_run):
-    from hvd_adaptive.bench import measures
-    from hvd_adaptive.report import load_run, time_to_target
+    from hvd_adaptive.bench.measure import measures
+    from hvd_adaptive.bench.measure import time_to_target
+    from hvd_adaptive.train.records import load_run
 
     run, s = plain_run
     assert s["algorithm"] == "horovod" and s["ranks"] == 2
@@ -112,6 +113,6 @@ def test_a_cpu_quota_reaches_the_plain_script_and_sleep_mode_is_refused(tmp_path
     start = records(tmp_path / "quota", "start")[0]
     assert start["horovod_cycle_ms"] == 10.0  # the project's cycle for a half-core rank
     # The sleep slowdown cannot reach a plain script: refused, with the way out named.
-    p = mpirun(1, ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml",
+    p = mpirun(1, ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml",
                    "--run-dir", str(tmp_path / "sleep"), "--set", "hetero.slowdown={1: 2.0}"])
     assert p.returncode == 2 and "use hetero.mode=cpu_quota" in p.stderr, explain(p)

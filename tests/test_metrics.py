@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from hvd_adaptive.metrics import (METRIC_NAMES, finalize, hits_matrix, inverse_propensities, metric_sums,
+from hvd_adaptive.model.metrics import (METRIC_NAMES, finalize, hits_matrix, inverse_propensities, metric_sums,
                                   most_frequent_label_p1, sum_names)
 
 

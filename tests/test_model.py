@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from hvd_adaptive.config import ModelConfig, OptimConfig
 from hvd_adaptive.data import Batch
-from hvd_adaptive.model import Optimizer, RowMask, SparseMLP, TouchedRows, batch_tensors
+from hvd_adaptive.model.network import Optimizer, RowMask, SparseMLP, TouchedRows, batch_tensors
 
 
 def tiny_batch():
@@ -273,7 +273,7 @@ def test_more_negatives_than_labels_is_a_clear_error():
 def test_weight_stats_reads_variables_in_slices_and_matches_numpy():
     # trainer.weight_stats: the eval record's weight_norm and the non-finite guard, read
     # NORM_ROWS rows at a time; every slice counts, the last partial one too.
-    from hvd_adaptive.trainer import NORM_ROWS, weight_stats
+    from hvd_adaptive.train.trainer import NORM_ROWS, weight_stats
 
     rng = np.random.default_rng(0)
     big = rng.normal(size=(2 * NORM_ROWS + 7, 3)).astype(np.float32)

@@ -88,7 +88,7 @@ def test_a_thread_level_below_multiple_is_refused_at_start():
     """A real MPI (a singleton) asked for MPI_THREAD_SERIALIZED grants that: init's check names it."""
     code = ("import mpi4py; mpi4py.rc.thread_level = 'serialized'\n"
             "from mpi4py import MPI\n"
-            "from hvd_adaptive.distributed import require_thread_level\n"
+            "from hvd_adaptive.parallel.distributed import require_thread_level\n"
             "require_thread_level(MPI.Query_thread(), MPI)")
     p = run([sys.executable, "-c", code], 60, mpi_env())
     assert p.returncode != 0

@@ -9,7 +9,7 @@ import pytest
 
 from hvd_adaptive.cli import main
 from hvd_adaptive.data import parse_file
-from hvd_adaptive.metrics import finalize, metric_sums
+from hvd_adaptive.model.metrics import finalize, metric_sums
 from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
                          read_predictions)
 

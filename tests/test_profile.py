@@ -1,5 +1,5 @@
 """A cluster profile on one machine (issue: a heterogeneous cluster of ranks): `hetero.cores`
-gives every rank its own real cgroup CPU quota (hvd_adaptive/hetero.py)."""
+gives every rank its own real cgroup CPU quota (hvd_adaptive/train/hetero.py)."""
 import os
 import re
 import signal
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.config import ConfigError, load_config
-from hvd_adaptive.hetero import check_profile
-from hvd_adaptive.run import mpirun_command
+from hvd_adaptive.train.hetero import check_profile
+from hvd_adaptive.train.run import mpirun_command
 from mpirun import REPO, explain, job_group, mpi_env, mpirun, records, train, train_args
 
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -107,9 +107,9 @@ def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
 
 @pytest.mark.mpi
 def test_bench_merge_times_both_wire_types_inside_real_quotas_and_removes_them():
-    """`python -m hvd_adaptive.bench_merge --touched --core --dtypes`: the sparse merge as adaptive
+    """`python -m hvd_adaptive.bench.merge_cost --touched --core --dtypes`: the sparse merge as adaptive
     SGD makes it, each rank in its own cgroup quota (read back), float16 moving half the bytes."""
-    p = mpirun(2, ["-m", "hvd_adaptive.bench_merge", "--config", "configs/tiny.yaml",
+    p = mpirun(2, ["-m", "hvd_adaptive.bench.merge_cost", "--config", "configs/tiny.yaml",
                    "--touched", "0.3", "--core", "0.5", "--dtypes", "float32", "float16",
                    "--repeats", "1"], timeout=180)
     assert p.returncode == 0, explain(p)

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from hvd_adaptive.cli import main as cli_main
-from hvd_adaptive.report import (ReportError, default_target, format_table, load_run, load_runs,
-                                 main, read_metrics, table_rows, time_to_target)
+from hvd_adaptive.bench.measure import time_to_target
+from hvd_adaptive.bench.report import default_target, format_table, main, table_rows
+from hvd_adaptive.train.records import RecordsError, load_run, load_runs, read_metrics
 
 
 def ev(wall, p1, epoch=1.0):
@@ -55,15 +56,15 @@ def test_reads_latest_run_and_skips_an_unfinished_last_line(tmp_path):
 
 def test_malformed_line_names_file_and_line(tmp_path):
     folder = write_run(tmp_path / "bad", [START], tail="not json\n" + json.dumps(ev(1, 0.1)) + "\n")
-    with pytest.raises(ReportError, match=r"bad/metrics.jsonl:2: not a JSON record"):
+    with pytest.raises(RecordsError, match=r"bad/metrics.jsonl:2: not a JSON record"):
         read_metrics(folder / "metrics.jsonl")
 
 
 def test_missing_folder_or_metrics_is_named(tmp_path):
-    with pytest.raises(ReportError, match=f"{tmp_path / 'nope'}: no such run folder"):
+    with pytest.raises(RecordsError, match=f"{tmp_path / 'nope'}: no such run folder"):
         load_run(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ReportError, match=f"{tmp_path / 'empty'}: no metrics.jsonl"):
+    with pytest.raises(RecordsError, match=f"{tmp_path / 'empty'}: no metrics.jsonl"):
         load_run(tmp_path / "empty")
 
 

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from hvd_adaptive.balance import MODES, choose_mode
+from hvd_adaptive.train.balance import MODES, choose_mode
 from mpirun import before_tf, mpirun, records, train_many
 
 pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks

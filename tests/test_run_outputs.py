@@ -140,7 +140,7 @@ def test_errors_still_reach_stderr(failed):
 def test_verbose_shows_them():
     # What `--verbose` does before TensorFlow loads, in one process (no ranks needed), even
     # where the environment asks for quiet (mpi_env sets TF_CPP_MIN_LOG_LEVEL=2).
-    code = ("from hvd_adaptive.run import quiet_tensorflow; quiet_tensorflow(verbose=True); "
+    code = ("from hvd_adaptive.train.run import quiet_tensorflow; quiet_tensorflow(verbose=True); "
             "import tensorflow as tf; tf.constant(1.0) + 1")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
                        text=True, timeout=120)
@@ -178,7 +178,7 @@ def test_start_up_lines_filtered_also_when_matplotlib_came_first():
 
 
 def test_new_run_replaces_old_events_resumed_run_adds(tmp_path):
-    from hvd_adaptive.runlog import RunLog
+    from hvd_adaptive.train.records import RunLog
 
     def session(first: str, p1: float, samples: int):
         log = RunLog(tmp_path, active=True)

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from hvd_adaptive.config import ConfigError, HeteroConfig, PhaseConfig, load_config
-from hvd_adaptive.hetero import Heterogeneity
+from hvd_adaptive.train.hetero import Heterogeneity
 from mpirun import records, train
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hvd_adaptive.cli import main as cli_main
-from hvd_adaptive.sweep import expand
+from hvd_adaptive.bench.sweep import expand
 from mpirun import REPO
 from slurm_cluster import SlurmCluster
 

@@ -1,4 +1,4 @@
-"""optim.lr auto (hvd_adaptive/tune.py): the rate a short probe chooses, the same on every rank,
+"""optim.lr auto (hvd_adaptive/train/tune.py): the rate a short probe chooses, the same on every rank,
 recorded, charged to the clock, moving with the data; a pinned rate is used as given."""
 import json
 import math
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_adaptive import tune
+from hvd_adaptive.train import tune
 from hvd_adaptive.config import ConfigError, load_config
 from hvd_adaptive.data import preset, synth_to_files
 from mpirun import explain, mpirun, records, train
@@ -161,11 +161,11 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
 
 @pytest.mark.mpi
 def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
-    """The benchmark's yardstick takes optim.lr auto the same way (hvd_adaptive.tune.choose):
+    """The benchmark's yardstick takes optim.lr auto the same way (hvd_adaptive.train.tune.choose):
     the same candidates, rows and rule, with its own step, from the same start."""
     sets = [*ADAGRAD, "train.epochs=0.5"]
     project = train(2, tmp_path / "project", *sets)
-    args = ["-m", "hvd_adaptive.plain_horovod", "--config", "configs/tiny.yaml",
+    args = ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml",
             "--run-dir", str(tmp_path / "plain")]
     p = mpirun(2, args + [x for s in sets for x in ("--set", s)], timeout=180)
     assert p.returncode == 0, explain(p)

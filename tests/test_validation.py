@@ -175,7 +175,7 @@ def test_the_tree_method_trains_on_the_same_rows(files, tmp_path):
 @pytest.mark.mpi
 def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(files, tmp_path):
     train_txt, test_txt = files
-    p = subprocess.run([sys.executable, "-m", "hvd_adaptive.accuracy", "--config", "configs/tiny.yaml",
+    p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.accuracy", "--config", "configs/tiny.yaml",
                         "--name", "t", "--seeds", "1", "--epochs", "4", "--eval-every", "1",
                         "--validation", "0.1", "--set", f"data.train={train_txt}",
                         "--set", f"data.test={test_txt}", "--out", str(tmp_path)],

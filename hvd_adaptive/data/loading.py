@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -11,21 +11,23 @@ from hvd_adaptive.config import Config, ConfigError
 from hvd_adaptive.data.formats import DataError, Dataset, load_dataset, read_header
 from hvd_adaptive.data.synth import PRESETS, SynthSpec, preset, synthesize, synthesize_cached
 
-if TYPE_CHECKING:
-    from hvd_adaptive.distributed import Cluster
 
-
-def load_data(cfg: Config, cluster: Optional[Cluster] = None) -> tuple[Dataset, Dataset]:
+def load_data(cfg: Config, root: bool = True,
+              barrier: Optional[Callable[[], None]] = None) -> tuple[Dataset, Dataset]:
     """Train and test sets on every rank: synthetic (same seed everywhere) or files.
 
     Rank 0 parses files first and writes the binary caches; the others then memory-map them,
-    so ranks never race to build one cache. `cluster`: what the loader needs of the job
-    (`is_root` and `comm.Barrier()`); None for a single process outside any job.
+    so ranks never race to build one cache.
+
+    Args:
+        cfg: the run's config (its data section).
+        root: whether this process is the job's rank 0 (a single process is).
+        barrier: waits for every rank of the job (for example `comm.Barrier`); None for a
+            single process outside any job.
     """
     check_sources(cfg)
     d = cfg.data
-    root = cluster is None or cluster.is_root
-    barrier = (lambda: None) if cluster is None else cluster.comm.Barrier
+    barrier = barrier or (lambda: None)
     if d.train == "synthetic":
         spec = synth_spec(cfg)
         say = _progress("generating synthetic data", root)

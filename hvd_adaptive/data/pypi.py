@@ -34,6 +34,7 @@ Command line (fetches, cached, then builds)::
 """
 from __future__ import annotations
 
+import argparse
 import html
 import http.client
 import json
@@ -663,11 +664,42 @@ def run(out, projects=80000, seed=1, workers=8, min_label_count=2, min_feature_d
     return info
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m hvd_adaptive.data.pypi ARGS`` is ``hvd-adaptive data pypi ARGS``."""
-    from hvd_adaptive.cli import main as cli_main
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `hvd-adaptive data pypi` (and of `python -m hvd_adaptive.data.pypi`)."""
+    parser.add_argument("--out", required=True, help="folder for the fetch's cache and the data set")
+    parser.add_argument("--projects", type=int, default=80000, help="projects sampled (default 80000)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the sample and of the split")
+    parser.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
+    parser.add_argument("--min-label-count", type=int, default=2,
+                   help="rows a label needs (train and test, default 2)")
+    parser.add_argument("--min-feature-df", type=int, default=2,
+                   help="training rows a word needs to be a feature (default 2)")
+    parser.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
+    parser.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
+    parser.add_argument("--retry-failed", action="store_true",
+                   help="request the names whose fetch failed earlier again")
+    parser.set_defaults(fn=run_command)
 
-    return cli_main(["data", "pypi", *(sys.argv[1:] if argv is None else argv)])
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs the parsed options; a network or output-folder error is one line on stderr."""
+    try:
+        run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
+            args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
+    except OSError as e:  # the network, or the output folder
+        print(f"hvd-adaptive data pypi: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m hvd_adaptive.data.pypi ARGS``: the options of ``hvd-adaptive data pypi``."""
+    parser = argparse.ArgumentParser(prog="python -m hvd_adaptive.data.pypi",
+                                     description="fetch (cached) PyPI projects' metadata and "
+                                     "write a real XC train/test pair")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return args.fn(args)
 
 
 if __name__ == "__main__":

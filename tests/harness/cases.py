@@ -11,7 +11,7 @@ from typing import Callable
 def each_case(check: Callable[[str, object], None]) -> int:
     """Initializes this rank (one TensorFlow thread), calls `check(case, cluster)` for every
     argument in turn, shuts down; returns the exit code (an assertion ends the job first)."""
-    from hvd_adaptive import distributed
+    from hvd_adaptive.parallel import distributed
 
     c = distributed.init(threads=1)
     for case in sys.argv[1:]:

@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from hvd_adaptive import algorithms
-from hvd_adaptive.hetero import Heterogeneity
-from hvd_adaptive.model import Optimizer, SparseMLP
+from hvd_adaptive.train import algorithms
+from hvd_adaptive.train.hetero import Heterogeneity
+from hvd_adaptive.model.network import Optimizer, SparseMLP
 
 
 def build(cfg, c, train, ready: bool = True):

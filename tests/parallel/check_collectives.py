@@ -9,7 +9,7 @@ Exit code 0 means all checks held.
 
 import numpy as np
 
-from hvd_adaptive import distributed
+from hvd_adaptive.parallel import distributed
 from hvd_adaptive.config import MergeConfig, ModelConfig
 
 N_FEATURES, N_LABELS = 50, 3
@@ -28,8 +28,8 @@ def replica(rank: int, shapes: list[tuple]) -> list[np.ndarray]:
 
 def main() -> int:
     c = distributed.init(threads=1)
-    from hvd_adaptive.merge import Merge
-    from hvd_adaptive.model import SparseMLP
+    from hvd_adaptive.parallel.merge import Merge
+    from hvd_adaptive.model.network import SparseMLP
 
     n, r = c.size, c.rank
     model = SparseMLP(N_FEATURES, N_LABELS, ModelConfig(hidden=[4]))
@@ -74,6 +74,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

@@ -12,7 +12,7 @@ JSON being every round's per-rank records as the trainer writes them to metrics.
 import json
 import sys
 
-from hvd_adaptive import distributed
+from hvd_adaptive.parallel import distributed
 from hvd_adaptive.config import load_config
 
 def main() -> int:
@@ -24,7 +24,7 @@ def main() -> int:
     plan = json.loads(sys.argv[1])
     for name, own in plan["algorithms"].items():
         cfg, _ = load_config("configs/tiny.yaml", [f"train.algorithm={name}", *plan["sets"], *own])
-        train, _ = load_data(cfg, c)
+        train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
         with tf.device(c.device):
             algo = build(cfg, c, train)
             c.comm.Barrier()  # as the trainer's calibration allgather: start the clock together
@@ -38,6 +38,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

@@ -12,10 +12,10 @@ Exit code 0 means all checks held.
 
 import numpy as np
 
-from hvd_adaptive import distributed
-from hvd_adaptive.algorithms.base import RoundStats
-from hvd_adaptive.algorithms.hogbatch import _COLUMNS, SKIPPED
-from hvd_adaptive.distributed import SharedModel
+from hvd_adaptive.parallel import distributed
+from hvd_adaptive.train.algorithms.base import RoundStats
+from hvd_adaptive.train.algorithms.hogbatch import _COLUMNS, SKIPPED
+from hvd_adaptive.parallel.distributed import SharedModel
 from hvd_adaptive.config import load_config
 from hvd_adaptive.data import load_data
 from real_algorithm import build
@@ -32,7 +32,7 @@ def real_workers(c) -> object:
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=hogbatch", f"train.epochs={EPOCHS}", "train.batch_size=16",
         "hogbatch.round_epochs=0.25", "optim.lr=2.0"])
-    train_ds, _ = load_data(cfg, c)
+    train_ds, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train_ds)
     rounds = samples = 0
     while (stats := algo.run_round()) is not None:
@@ -102,6 +102,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

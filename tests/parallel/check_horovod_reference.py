@@ -1,4 +1,4 @@
-"""Run under mpirun: the plain Horovod script's step (hvd_adaptive/plain_horovod.py) does the
+"""Run under mpirun: the plain Horovod script's step (hvd_adaptive/bench/plain_horovod.py) does the
 project's maths: from the same initial weights, on the same global batches, its steps and the
 project's `sync` steps leave the same weights and optimizer state.
 
@@ -23,12 +23,12 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import plain_horovod  # first: what it imports is checked right below
+from hvd_adaptive.bench import plain_horovod  # first: what it imports is checked right below
 
 # The plain script is the yardstick only if it shares none of the project's training path.
 TRAINING_PATH = ("trainer", "algorithms", "model", "merge", "balance", "distributed")
 _pulled = [m for m in TRAINING_PATH if f"hvd_adaptive.{m}" in sys.modules]
-assert not _pulled, f"importing hvd_adaptive.plain_horovod imported hvd_adaptive.{_pulled}"
+assert not _pulled, f"importing hvd_adaptive.bench.plain_horovod imported hvd_adaptive.{_pulled}"
 
 from cases import each_case  # noqa: E402
 
@@ -48,11 +48,11 @@ def check(case: str, c) -> None:
         "train.algorithm=sync", f"optim.name={optimizer}", *opt_sets,
         *(["model.hidden=[48, 32]"] if shape == "deep" else []),
         *(["optim.initial_accumulator=0.1"] if shape == "acc" else [])])
-    from hvd_adaptive.algorithms.base import RoundStats
+    from hvd_adaptive.train.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
     from real_algorithm import build
 
-    train, _ = load_data(cfg, c)
+    train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync, set up (rank 0's weights broadcast) and traced
     plain = plain_horovod.PlainHorovod(cfg, train.n_features, train.n_labels)
     project = algo.variables
@@ -94,6 +94,6 @@ def check(case: str, c) -> None:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(each_case(check))

@@ -4,7 +4,7 @@ Usage: mpirun -np N python tests/parallel/check_merge.py MODE [MODE ...]   (see 
 
 Several modes run one after another in the same ranks (one start-up of TensorFlow and Horovod).
 
-A spy around the real merge (hvd_adaptive/merge.py) gathers every rank's replica, optimizer
+A spy around the real merge (hvd_adaptive/parallel/merge.py) gathers every rank's replica, optimizer
 slots and touched-row masks just before each merge; after the window the checker recomputes
 the merge in numpy and asserts:
 - merge weights = the rule (balance.merge_weights) applied to the allgathered batch counts,
@@ -25,7 +25,7 @@ Exit code 0 means every check held.
 
 import numpy as np
 
-from hvd_adaptive import balance
+from hvd_adaptive.train import balance
 from hvd_adaptive.config import load_config
 from cases import each_case
 
@@ -59,7 +59,7 @@ def check(mode: str, c) -> None:
     from hvd_adaptive.data import load_data
     from real_algorithm import build
 
-    train, _ = load_data(cfg, c)
+    train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)
     model = algo.model
     items = algo.merge.items  # (variable, model.RowMask or None, row-normalized?)
@@ -172,6 +172,6 @@ def check(mode: str, c) -> None:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(each_case(check))

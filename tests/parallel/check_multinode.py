@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from hvd_adaptive import distributed
+from hvd_adaptive.parallel import distributed
 from hvd_adaptive.config import load_config
 
 
@@ -30,7 +30,7 @@ def main() -> int:
     expect = sys.argv[1]
     c = distributed.init()  # default threads: this node's cores / ranks on this node
     import tensorflow as tf
-    from hvd_adaptive.algorithms import base
+    from hvd_adaptive.train.algorithms import base
     from hvd_adaptive.data import load_data
     from real_algorithm import RowSpy, build
 
@@ -61,7 +61,7 @@ def main() -> int:
         cfg, _ = load_config("configs/tiny.yaml", [
             f"train.algorithm={name}", "train.epochs=1", "train.window_samples=512",
             "adaptive.warmup_epochs=0"])
-        train, _ = load_data(cfg, c)
+        train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
         with tf.device(c.device):
             algo = build(cfg, c, train)
             spy.used.clear()
@@ -108,6 +108,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

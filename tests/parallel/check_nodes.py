@@ -21,7 +21,7 @@ import mpi4py
 mpi4py.rc.thread_level = "multiple"
 from mpi4py import MPI  # noqa: E402
 
-from hvd_adaptive.distributed import require_thread_level, shared_counter  # noqa: E402
+from hvd_adaptive.parallel.distributed import require_thread_level, shared_counter  # noqa: E402
 
 
 def _work(seconds: float) -> None:
@@ -77,6 +77,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

@@ -36,7 +36,7 @@ def check_guided(c) -> None:
     each rank's merge weight is its rows / batch over all ranks' (a claim counts as its part)."""
     from mpi4py import MPI
 
-    from hvd_adaptive.distributed import SharedCounter
+    from hvd_adaptive.parallel.distributed import SharedCounter
 
     counter = SharedCounter(MPI.COMM_SELF)
     for window, parts in enumerate((4, 1)):  # both slots start at zero
@@ -56,12 +56,12 @@ def check_guided(c) -> None:
         "train.algorithm=adaptive", "train.epochs=1", "adaptive.warmup_epochs=0",
         "adaptive.b_min=64", "adaptive.guided=true"])
     import tensorflow as tf
-    from hvd_adaptive.algorithms import base, hogbatch
+    from hvd_adaptive.train.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
     from real_algorithm import RowSpy, build
 
     spy = RowSpy(base, hogbatch)
-    train, _ = load_data(cfg, c)
+    train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     with tf.device(c.device):
         algo = build(cfg, c, train)
         c.comm.Barrier()
@@ -99,12 +99,12 @@ def check(name: str, c) -> None:
         *(["data.synth.n_labels=2000", "model.hidden=[256]", "data.synth.n_train=4000",
            "train.window_samples=2048"] if name == "adaptive" else [])])
     import tensorflow as tf
-    from hvd_adaptive.algorithms import base, hogbatch
+    from hvd_adaptive.train.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
     from real_algorithm import RowSpy, build
 
     spy = RowSpy(base, hogbatch)
-    train, _ = load_data(cfg, c)
+    train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     with tf.device(c.device):
         algo = build(cfg, c, train)
         c.comm.Barrier()  # as the trainer's calibration allgather: start the clock together
@@ -137,7 +137,7 @@ def check(name: str, c) -> None:
             assert speed > 1.25, f"the slowdown did not take effect: {explain}"
             assert 0.8 <= busy <= 1.25, f"not in proportion to speed {speed:.2f}: {explain}"
         if name == "auto":
-            from hvd_adaptive.balance import choose_mode
+            from hvd_adaptive.train.balance import choose_mode
 
             rates, last, seen = {"grad": None, "avg": None}, {}, []
             for i, per_rank in enumerate(modes):
@@ -155,6 +155,6 @@ def check(name: str, c) -> None:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(each_case(check))

@@ -19,7 +19,7 @@ Exit code 0 means every check held.
 
 import numpy as np
 
-from hvd_adaptive.balance import balanced_partition, keep_within_deadband
+from hvd_adaptive.train.balance import balanced_partition, keep_within_deadband
 from hvd_adaptive.config import load_config
 from cases import each_case
 
@@ -44,14 +44,14 @@ def check(case: str, c) -> None:
         *(["data.synth.n_labels=2000", "model.hidden=[256]", "hetero.slowdown={1: 2.0}"]
           if partition == "proportional" else [])])
     import tensorflow as tf
-    from hvd_adaptive.algorithms.base import chunks
+    from hvd_adaptive.train.algorithms.base import chunks
     from hvd_adaptive.data import epoch_permutation, load_data, make_batch
-    from hvd_adaptive.evaluation import Evaluator
-    from hvd_adaptive.metrics import METRIC_NAMES, finalize, metric_sums
-    from hvd_adaptive.model import Optimizer, SparseMLP, batch_tensors
+    from hvd_adaptive.train.evaluation import Evaluator
+    from hvd_adaptive.model.metrics import METRIC_NAMES, finalize, metric_sums
+    from hvd_adaptive.model.network import Optimizer, SparseMLP, batch_tensors
     from real_algorithm import build
 
-    train, test = load_data(cfg, c)
+    train, test = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync: train.algorithm=sync
     model = algo.model
     splits, expected, got = [], [], []
@@ -123,6 +123,6 @@ def check(case: str, c) -> None:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(each_case(check))

@@ -14,10 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-from hvd_adaptive import distributed
-from hvd_adaptive.algorithms import worker_threads
+from hvd_adaptive.parallel import distributed
+from hvd_adaptive.train.algorithms import worker_threads
 from hvd_adaptive.config import load_config
-from hvd_adaptive.run import check_inputs, train_on
+from hvd_adaptive.train.run import check_inputs, train_on
 
 
 def main() -> int:
@@ -39,6 +39,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from hvd_adaptive.distributed import exit_process
+    from hvd_adaptive.parallel.distributed import exit_process
 
     exit_process(main())

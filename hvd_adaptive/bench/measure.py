@@ -1,0 +1,93 @@
+"""What the benchmarks measure in a run: time and rows to a target P@1, a scenario's limit
+from the ranks' standalone rates, and one run's figures against it.
+
+A run here is {"summary": summary.json, "evals": the eval records} (speed.run_one).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Optional
+
+PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
+
+
+def time_to_target(evals: list[dict], target: float, key: str = "wall_s") -> Optional[float]:
+    """Training seconds (or `key`, e.g. "samples") at which test P@1 reached `target`.
+
+    Linearly interpolated between the last evaluation below the target and the first at or
+    above it, so the figure does not depend on where evaluations happened to fall; the first
+    evaluation's value when it already reached the target; None if none did.
+    """
+    prev = None
+    for e in evals:
+        if e["p_at_1"] >= target:
+            if prev is None or e["p_at_1"] == prev["p_at_1"]:
+                return float(e[key])
+            frac = (target - prev["p_at_1"]) / (e["p_at_1"] - prev["p_at_1"])
+            return float(prev[key] + frac * (e[key] - prev[key]))
+        prev = e
+    return None
+
+
+def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
+    """One run's figures: time and samples to target, rates, efficiency, time breakdown; with
+    a scenario's `limit` (see `limits`) also efficiency against its rates and the fraction of
+    the limit reached."""
+    s = run["summary"]
+    t = time_to_target(run["evals"], target)
+    n = time_to_target(run["evals"], target, key="samples")
+    totals = {k: sum(r.get(k, 0.0) for r in s["per_rank"]) for k in PARTS}
+    spent = sum(totals.values()) or 1.0
+    # A run without the breakdown (the plain Horovod script times none of it) shows none.
+    timed = any(k in r for r in s["per_rank"] for k in PARTS)
+    rate = n / t if t and n else None
+    out = {"t": t, "samples": n, "rate": rate, "eff": s["efficiency"], "final": s["final"]["p_at_1"],
+           **{k: totals[k] / spent if timed else None for k in PARTS}}
+    if limit:
+        out["eff"] = rate / limit["rate"] if rate else None
+        out["of_limit"] = limit["t"] / t if t and limit.get("t") else None
+    return out
+
+
+def standalone(run: dict) -> list[float]:
+    """The ranks' standalone rows/s that a run measured at start-up."""
+    return [r["standalone_rate"] for r in run["summary"]["per_rank"]]
+
+
+def limits(runs: dict, target: float, phases: Optional[list] = None) -> dict:
+    """A scenario's limit from all its runs ({contender: [run, ...]}).
+
+    Per rank the median standalone rate over every run of the scenario; `rate` is their sum;
+    `t` is sync's median rows to the target at that rate (phases: [(rows, factor of the last
+    rank)] of a time-varying scenario, each at its own sum); `spread` the largest over the
+    smallest sum of one run's standalone rates.
+    """
+    every = [standalone(r) for rs in runs.values() for r in rs]
+    per_rank = [statistics.median(col) for col in zip(*every)]
+    sums = [sum(x) for x in every]
+    out = {"rate": sum(per_rank), "per_rank": per_rank, "spread": max(sums) / min(sums), "t": None}
+    sync_rows = median([time_to_target(r["evals"], target, key="samples") for r in runs.get("sync", [])])
+    if sync_rows:
+        if not phases:
+            out["t"] = sync_rows / out["rate"]
+        else:
+            t, done = 0.0, 0.0
+            for rows_end, factor in phases:
+                part = min(rows_end, sync_rows) - done
+                if part > 0:
+                    t += part / (sum(per_rank[:-1]) + per_rank[-1] / factor)
+                    done += part
+            out["t"] = t
+    return out
+
+
+def median(xs: list) -> Optional[float]:
+    """The median of the values that are not None; None when none is."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def span(xs: list, fmt: str = "{:.2f}") -> Optional[str]:
+    """"low-high" of the values that are not None; None for fewer than two."""
+    xs = [x for x in xs if x is not None]
+    return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else None

@@ -1,0 +1,433 @@
+"""The yardstick: the plain Horovod script a user would write instead of using hvd_adaptive.
+
+    mpirun -np 2 python -m hvd_adaptive.bench.plain_horovod --config configs/tiny.yaml --run-dir DIR \\
+        [--set key=value ...]
+
+tf.Variables in a tf.Module (Keras 3 variables break Horovod 0.28), the project's model and loss
+(sparse input -> ReLU hidden layer(s) by gathering the input layer's rows -> softmax over every
+label, cross-entropy against the multi-hot labels normalized to sum 1), TensorFlow's own
+optimizer kernels, `hvd.DistributedGradientTape` (Average) around the loss, the whole step in
+one `tf.function`, rank 0's weights broadcast at start, and each rank taking its slice of a
+global batch of ranks x train.batch_size rows cut from the epoch's shuffle. Nothing runs per
+step but the step: no timing, no barrier, no accounting.
+
+It shares no training code with the project (no trainer, algorithms, model, merge, balance or
+distributed). What it does take from hvd_adaptive keeps the comparison fair, not the training:
+the config file and `--set` overrides (the same data, rate, batch, seed and stopping rules as
+the project's runs), the data as the project reads it (`hvd_adaptive.data`: the same bytes and
+the same epoch shuffles; a user would read the files with a loader of their own), the metric
+code every contender is scored with (`hvd_adaptive.model.metrics`), and the project's CPU quota
+(`hvd_adaptive.train.hetero`, `hetero.mode: cpu_quota`): the one way a slower machine can be imposed
+on a script that knows nothing of heterogeneity, entered where the project enters it (after
+tracing, before the clock), so a slowed rank is slowed the same in both. The sleep mode slows
+only the project's own computation spans and cannot reach this script, which refuses it.
+
+Like the project it sets HOROVOD_CYCLE_TIME (5 ms, longer under a CPU quota: 5 ms / cores, at
+most 50) and OMPI_MCA_mpi_yield_when_idle=1 unless exported, and train.threads (default: the
+cores over the ranks on the node) as TensorFlow's threads: settings any user can make.
+
+Records (rank 0, in DIR): metrics.jsonl with a `start` record (standalone rows/s of each rank:
+the step without its allreduce, timed before the clock, for the benchmark's limit) and `eval`
+records every train.eval_every epochs on the first train.eval_rows test rows (`wall_s` is
+training time, evaluation left out), and summary.json. Training stops after train.epochs, at
+train.target_p_at_1, or at train.time_budget_s (checked at evaluations, where the ranks meet).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from hvd_adaptive.train import tune
+from hvd_adaptive.config import ConfigError, load_config
+from hvd_adaptive.data import epoch_permutation, load_data, split_validation
+from hvd_adaptive.train.hetero import Heterogeneity, smallest_quota
+from hvd_adaptive.model.metrics import (finalize, inverse_propensities, metric_sums,
+                                  most_frequent_label_p1, sum_names)
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # read once, when TensorFlow loads
+import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd  # noqa: E402
+
+OPTIMIZERS = ("sgd", "momentum", "adagrad", "rowwise_adagrad")
+# A batch: feature ids, values, batch row of each, label ids, batch row of each, row count.
+SIGNATURE = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
+             tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.int32),
+             tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
+
+
+def check(cfg) -> None:
+    """Refuses what this script does not do, before anything starts (ConfigError)."""
+    if cfg.model.output != "full":
+        raise ConfigError("model.output: the plain Horovod script trains the full softmax only")
+    if cfg.optim.name not in OPTIMIZERS:
+        raise ConfigError(f"optim.name: the plain Horovod script has {', '.join(OPTIMIZERS)}, "
+                          f"got {cfg.optim.name}")
+    h = cfg.hetero
+    if h.mode == "sleep" and (any(f > 1 for f in h.slowdown.values()) or h.schedule or h.jitter):
+        raise ConfigError("hetero: sleep mode slows the project's own computation spans, which a "
+                          "plain Horovod script does not have; use hetero.mode=cpu_quota")
+
+
+def batch(ds, rows: np.ndarray) -> tuple:
+    """The rows' SIGNATURE arrays, in the rows' order (labels not yet normalized: the loss does)."""
+    f, y = ds.features[rows], ds.labels[rows]
+    row = np.arange(len(rows), dtype=np.int32)
+    return (f.indices.astype(np.int64), f.data.astype(np.float32), np.repeat(row, np.diff(f.indptr)),
+            y.indices.astype(np.int32), np.repeat(row, np.diff(y.indptr)), np.int32(len(rows)))
+
+
+class Net(tf.Module):
+    """The project's network and initialisation: Glorot-uniform kernels drawn in layer order
+    from numpy's generator seeded by model.init_seed, zero biases."""
+
+    def __init__(self, n_features: int, n_labels: int, mcfg):
+        super().__init__(name="plain_net")
+        rng = np.random.default_rng(mcfg.init_seed)
+        sizes = [n_features, *mcfg.hidden, n_labels]
+        self.kernels, self.biases = [], []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            limit = math.sqrt(6.0 / (a + b))
+            self.kernels.append(tf.Variable(rng.uniform(-limit, limit, (a, b)).astype(np.float32)))
+            self.biases.append(tf.Variable(tf.zeros([b])))
+        self.dropout = mcfg.dropout
+        # kernel, bias of each layer, input layer first (the project's order, to compare and load)
+        self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
+
+    def hidden(self, ids, vals, seg, n, training=False):
+        # Only the batch's rows of the input layer are read: its gradient is row-sparse.
+        x = tf.math.unsorted_segment_sum(tf.gather(self.kernels[0], ids) * vals[:, None], seg, n)
+        x = self._relu(x + self.biases[0], training)
+        for w, b in zip(self.kernels[1:-1], self.biases[1:-1]):
+            x = self._relu(tf.matmul(x, w) + b, training)
+        return x
+
+    def _relu(self, x, training):
+        x = tf.nn.relu(x)
+        return tf.nn.dropout(x, rate=self.dropout) if training and self.dropout > 0 else x
+
+    def logits(self, ids, vals, seg, n, training=False):
+        return tf.matmul(self.hidden(ids, vals, seg, n, training), self.kernels[-1]) + self.biases[-1]
+
+    def loss(self, ids, vals, seg, labels, label_row, n, training=True):
+        """Mean over the rows with labels of softmax cross-entropy against their labels, each of
+        a row's k labels weighted 1/k (the multi-hot target normalized to sum 1)."""
+        z = self.logits(ids, vals, seg, n, training=training)
+        k = tf.math.unsorted_segment_sum(tf.ones_like(labels, tf.float32), label_row, n)
+        target = tf.gather_nd(z, tf.stack([label_row, labels], 1)) / tf.gather(k, label_row)
+        xent = tf.reduce_logsumexp(z, 1) - tf.math.unsorted_segment_sum(target, label_row, n)
+        has = tf.cast(k > 0, tf.float32)
+        return tf.reduce_sum(has * xent) / tf.maximum(tf.reduce_sum(has), 1.0)
+
+
+class Optimizer(tf.Module):
+    """sgd, momentum, adagrad on TensorFlow's kernels (row-sparse where the gradient is), and
+    rowwise_adagrad as the project defines it: one accumulator a row of the input layer
+    (acc[r] += mean_j g[r, j]^2; w[r] -= lr g[r] / (sqrt(acc[r]) + eps)), Adagrad elsewhere."""
+
+    def __init__(self, ocfg, variables):
+        super().__init__(name="plain_opt")
+        # A variable, so optim.lr auto can set the chosen rate without retracing.
+        self.cfg = ocfg
+        self.lr = tf.Variable(0.0 if ocfg.lr == "auto" else ocfg.lr, trainable=False)
+        shapes = [[v.shape[0], 1] if i == 0 and ocfg.name == "rowwise_adagrad" else v.shape
+                  for i, v in enumerate(variables)]
+        start = ocfg.initial_accumulator if ocfg.name in ("adagrad", "rowwise_adagrad") else 0.0
+        self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.fill(s, start)) for s in shapes]
+
+    def apply(self, grads, variables):
+        c = self.cfg
+        for i, (g, v) in enumerate(zip(grads, variables)):
+            idx = None
+            if isinstance(g, tf.IndexedSlices):  # duplicate rows summed: state updates once a row
+                idx, pos = tf.unique(g.indices)
+                g = tf.math.unsorted_segment_sum(g.values, pos, tf.shape(idx)[0])
+            if c.weight_decay > 0:
+                g = g + c.weight_decay * (v if idx is None else tf.gather(v, idx))
+            s = self.slots[i] if self.slots else None
+            if c.name == "sgd":
+                if idx is None:
+                    tf.raw_ops.ResourceApplyGradientDescent(var=v.handle, alpha=self.lr, delta=g)
+                else:
+                    v.scatter_sub(tf.IndexedSlices(self.lr * g, idx))
+            elif c.name == "momentum":
+                kw = dict(var=v.handle, accum=s.handle, lr=self.lr, grad=g, momentum=c.momentum)
+                (tf.raw_ops.ResourceApplyMomentum(**kw) if idx is None
+                 else tf.raw_ops.ResourceSparseApplyMomentum(indices=idx, **kw))
+            elif c.name == "rowwise_adagrad" and i == 0:
+                acc = (s if idx is None else tf.gather(s, idx)) + tf.reduce_mean(g * g, 1, keepdims=True)
+                upd = g * (self.lr / (tf.sqrt(acc) + c.eps))
+                if idx is None:
+                    s.assign(acc)
+                    v.assign_sub(upd)
+                else:
+                    s.scatter_update(tf.IndexedSlices(acc, idx))
+                    v.scatter_sub(tf.IndexedSlices(upd, idx))
+            else:  # adagrad, and rowwise_adagrad's layers other than the input layer
+                kw = dict(var=v.handle, accum=s.handle, lr=self.lr, epsilon=c.eps, grad=g)
+                (tf.raw_ops.ResourceApplyAdagradV2(**kw) if idx is None
+                 else tf.raw_ops.ResourceSparseApplyAdagradV2(indices=idx, **kw))
+
+
+class PlainHorovod:
+    """Model, optimizer and the Horovod step, built the same on every rank."""
+
+    def __init__(self, cfg, n_features: int, n_labels: int):
+        self.net = Net(n_features, n_labels, cfg.model)
+        self.opt = Optimizer(cfg.optim, self.net.ordered)
+        variables = self.net.ordered
+
+        @tf.function(input_signature=SIGNATURE, autograph=False)
+        def step(*b):
+            with tf.GradientTape() as tape:
+                loss = self.net.loss(*b)
+            tape = hvd.DistributedGradientTape(tape)  # gradients averaged over the ranks
+            self.opt.apply(tape.gradient(loss, variables), variables)
+            return loss
+
+        @tf.function(input_signature=SIGNATURE, autograph=False)
+        def alone(*b):  # the step without its allreduce: this rank's standalone speed
+            with tf.GradientTape() as tape:
+                loss = self.net.loss(*b)
+            self.opt.apply(tape.gradient(loss, variables), variables)
+            return loss
+
+        @tf.function(input_signature=SIGNATURE[:3] + SIGNATURE[5:], autograph=False)
+        def top5(ids, vals, seg, n):
+            return tf.math.top_k(self.net.logits(ids, vals, seg, n), k=min(5, n_labels)).indices
+
+        @tf.function(input_signature=SIGNATURE, autograph=False)
+        def held_out_loss(*b):
+            return self.net.loss(*b, training=False)
+
+        self.step, self.alone, self.top5, self.held_out_loss = step, alone, top5, held_out_loss
+
+    @contextmanager
+    def unchanged(self):
+        """Steps inside change nothing (tracing and timing before the clock)."""
+        with tune.unchanged([*self.net.ordered, *self.opt.slots, self.opt.lr]) as restore:
+            yield restore
+
+
+def evaluate(plain: PlainHorovod, test, cfg, inv_prop, rows=None, extra: float = 0.0) -> tuple[dict, float]:
+    """P@k, nDCG@k, PSP@k and PSnDCG@k on the first `rows` test rows (default
+    train.eval_rows), spread over the ranks (rows r, r + n, ...) and summed by one allreduce;
+    returns (metrics, `extra` summed over the ranks: rank 0's clock reaches every rank with
+    the sums)."""
+    rows = rows or cfg.train.eval_rows
+    n = min(rows or test.n_rows, test.n_rows)
+    mine = np.arange(hvd.rank(), n, hvd.size())
+    # Rows a chunk so that its logits stay within train.eval_memory_mb.
+    chunk = int(max(1, min(2048, cfg.train.eval_memory_mb * 2**20 // (4 * plain.net.kernels[-1].shape[1]))))
+    names = sum_names(True)
+    acc = np.zeros(len(names) + 1)
+    acc[-1] = extra
+    for i in range(0, len(mine), chunk):
+        r = mine[i:i + chunk]
+        b = batch(test, r)
+        top = plain.top5(b[0], b[1], b[2], b[5]).numpy()
+        sub = test.subset(r)
+        s = metric_sums(top, sub.label_indptr, sub.label_indices, inv_prop)
+        acc[:-1] += [s[k] for k in names]
+    total = hvd.allreduce(tf.constant(acc), op=hvd.Sum, name="eval_sums").numpy()
+    return finalize(dict(zip(names, total[:-1].tolist()))), float(total[-1])
+
+
+def global_batches(cfg, n_rows: int, ranks: int):
+    """(epoch, rows done in it after the step, the step's global rows, the epoch's rows) over
+    the whole run: each epoch's shuffle cut into ranks x train.batch_size rows; a remainder
+    under half of that joins the last step (one tiny step makes a noisy update)."""
+    size = ranks * cfg.train.batch_size
+    for epoch in range(math.ceil(cfg.train.epochs)):
+        take = n_rows if epoch + 1 <= cfg.train.epochs else max(1, round((cfg.train.epochs - epoch) * n_rows))
+        perm = epoch_permutation(n_rows, cfg.train.seed, epoch)[:take]
+        cuts = list(range(0, take, size)) + [take]
+        if len(cuts) > 2 and cuts[-1] - cuts[-2] < size / 2:
+            del cuts[-2]
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            yield epoch, hi, perm[lo:hi], take
+
+
+def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
+    """This rank's rows/s training alone (the step without its allreduce), over at least 8
+    steps and train.calibrate_s seconds, with its effects undone."""
+    rng = np.random.default_rng(7 + hvd.rank())
+    size = min(cfg.train.batch_size, train.n_rows)
+    batches = [batch(train, rng.integers(0, train.n_rows, size)) for _ in range(8)]
+    with plain.unchanged():
+        plain.alone(*batches[0])  # the first run of a traced function is slow
+        done, t0 = 0, time.perf_counter()
+        while done < 8 or time.perf_counter() - t0 < cfg.train.calibrate_s:
+            plain.alone(*batches[done % 8]).numpy()
+            done += 1
+        return done * size / (time.perf_counter() - t0)
+
+
+def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
+    """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.choose: its candidates,
+    rows and rule), each candidate trained with this script's own step without the allreduce,
+    from the broadcast start, which is put back; None when the rate is pinned."""
+    if cfg.optim.lr != "auto":
+        return None
+    rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
+    steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
+    held = batch(train, held_rows)
+
+    with plain.unchanged() as restore:
+        def try_rate(lr: float) -> float:
+            plain.opt.lr.assign(lr)
+            for b in steps:
+                plain.alone(*b)
+            loss = float(plain.held_out_loss(*held))
+            restore()
+            return loss
+
+        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
+                             lambda: float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
+                             hvd.allgather_object, cfg.optim.name)
+    choice.rows, choice.held_out_rows = len(rows), len(held_rows)
+    plain.opt.lr.assign(choice.lr)
+    if hvd.rank() == 0:
+        print(choice.line(), flush=True)
+    return choice
+
+
+def train(cfg, run_dir: Path, threads: int) -> dict:
+    """Trains on this rank; rank 0 writes the run folder. Returns the summary."""
+    rank, ranks, root = hvd.rank(), hvd.size(), hvd.rank() == 0
+    # Rank 0 parses the files and writes the caches, then the others read them.
+    train_ds, test_ds = load_data(cfg, root,
+                                  lambda: hvd.allreduce(tf.zeros([1]), name="data_barrier").numpy())
+    train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
+    freq = train_ds.label_frequencies()
+    base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
+    inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)
+    plain = PlainHorovod(cfg, train_ds.n_features, train_ds.n_labels)
+    hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=0)
+    with plain.unchanged():  # traced and run once before the clock, as the project's steps
+        plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
+        if cfg.optim.lr == "auto":
+            plain.held_out_loss(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
+    evaluate(plain, test_ds, cfg, inv_prop, rows=1)  # traced before the clock and any quota
+    quota = Heterogeneity(cfg.hetero, rank)
+    said = quota.start(threads, tag=f"rank{rank}-{os.getpid()}")
+    if said:
+        print(f"[rank {rank}] {said}\n", end="", flush=True)
+    hvd.allreduce(tf.zeros([1]), name="in_quota").numpy()  # every rank slowed before any times
+    rates = hvd.allgather(tf.constant([standalone_rate(plain, train_ds, cfg)])).numpy().tolist()
+    choice = choose_lr(plain, train_ds, cfg)
+    log = open(run_dir / "metrics.jsonl", "w", buffering=1) if root else None
+
+    def record(**rec):
+        if log:
+            log.write(json.dumps(rec) + "\n")
+    record(event="start", algorithm="horovod", ranks=ranks, standalone_rates=rates,
+           baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
+           global_batch=ranks * cfg.train.batch_size, threads=threads,
+           horovod_cycle_ms=float(os.environ["HOROVOD_CYCLE_TIME"]),
+           mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+           lr=float(plain.opt.lr.numpy()), lr_choice=choice.record() if choice else None)
+    # The choice's seconds count, as they do in the project's runs.
+    t, clock = cfg.train, {"wall": choice.seconds if choice else 0.0, "began": time.perf_counter()}
+    samples, mine, batches, evals, progress, loss = 0, 0, 0, [], 0.0, None
+
+    def evaluate_now() -> bool:
+        """Stops the clock, evaluates, records; whether training should stop."""
+        if loss is not None:
+            loss.numpy()  # the last step has finished (a GPU would run it asynchronously)
+        here = clock["wall"] + time.perf_counter() - clock["began"]
+        m, clock["wall"] = evaluate(plain, test_ds, cfg, inv_prop, extra=here if root else 0.0)
+        evals.append(dict(event="eval", wall_s=round(clock["wall"], 4), epoch=round(progress, 4),
+                          samples=samples, **{k: round(v, 5) for k, v in m.items()}))
+        record(**evals[-1])
+        if root:
+            print(f"eval  epoch {progress:6.2f} | {clock['wall']:7.1f} s | P@1 {m['p_at_1']:.4f} "
+                  f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f}\n", end="", flush=True)
+        clock["began"] = time.perf_counter()
+        return ((t.target_p_at_1 is not None and m["p_at_1"] >= t.target_p_at_1)
+                or (t.time_budget_s is not None and clock["wall"] >= t.time_budget_s))
+
+    # Evaluated where the project's runs are, so that both are read at the same rows: at the
+    # first end of a round of train.window_rows rows (or of an epoch) after each eval_every mark.
+    window, last = t.window_rows(ranks), 0.0
+    for epoch, done, rows, take in global_batches(cfg, train_ds.n_rows, ranks):
+        part = np.array_split(rows, ranks)[rank]
+        loss = plain.step(*batch(train_ds, part))
+        samples, mine, batches = samples + len(rows), mine + len(part), batches + 1
+        progress = epoch + done / train_ds.n_rows
+        if done // window == (done - len(rows)) // window and done < take:
+            continue  # inside a round
+        if math.floor(progress / t.eval_every + 1e-9) > math.floor(last / t.eval_every + 1e-9) \
+                and evaluate_now():
+            break
+        last = progress
+    if not evals or evals[-1]["epoch"] != round(progress, 4):
+        evaluate_now()
+    wall = clock["wall"]
+    per_rank = hvd.allgather(tf.constant([[mine, batches, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                           quota.quota.cores_set() if quota.quota else -1.0]],
+                                         tf.float64)).numpy()
+    summary = {
+        "algorithm": "horovod", "ranks": ranks, "train_wall_s": round(wall, 3), "samples": int(samples),
+        "rows_per_s": round(samples / max(wall, 1e-9), 1),
+        "efficiency": round(samples / max(wall, 1e-9) / max(sum(rates), 1e-9), 4),
+        "baseline_p_at_1": base, "final": {k: v for k, v in evals[-1].items() if k != "event"},
+        "best_p_at_1": max(e["p_at_1"] for e in evals),
+        "per_rank": [{"rank": i, "samples": int(r[0]), "batches": int(r[1]),
+                      "standalone_rate": round(rates[i], 1), "peak_rss_mb": round(r[2], 1),
+                      "quota_cores": None if r[3] < 0 else r[3]} for i, r in enumerate(per_rank)]}
+    if root:
+        log.close()
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"done: P@1 {summary['final']['p_at_1']:.4f} after {wall:.1f} s of training "
+              f"(baseline P@1 {base:.4f}); {summary['rows_per_s']:.0f} rows/s\n", end="", flush=True)
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="The plain Horovod script (the benchmark's yardstick).")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--set", action="append", default=[], help="section.key=value (YAML value)")
+    a = ap.parse_args(argv)
+    try:
+        cfg, _ = load_config(a.config, a.set)
+        check(cfg)
+    except ConfigError as e:
+        print(f"plain_horovod: error: {e}", file=sys.stderr)
+        return 2
+    # The project's settings for Horovod and OpenMPI (hvd_adaptive/parallel/distributed.py), copied as
+    # values: an exported value wins. Both must be set before hvd.init starts MPI.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")  # waiting ranks yield their core
+    cores = smallest_quota(cfg.hetero, cfg.train.threads or 1)
+    cycle = 5.0 if cores is None or cores >= 1 else min(50.0, round(5.0 / cores, 1))
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{cycle:g}")
+    hvd.init()
+    try:
+        threads = cfg.train.threads or max(1, len(os.sched_getaffinity(0)) // hvd.local_size())
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(min(2, threads))
+        run_dir = Path(a.run_dir)
+        if hvd.rank() == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        train(cfg, run_dir, threads)
+        hvd.shutdown()
+    except BaseException as e:  # noqa: BLE001 - a rank that fails must end the job, never hang it
+        print(f"[rank {hvd.rank()}] error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # mpirun then ends the other ranks
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

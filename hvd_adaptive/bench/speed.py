@@ -1,0 +1,357 @@
+"""Side-by-side benchmark: every contender on the same data, seed and heterogeneity.
+
+Usage:
+  bash launch/bench.sh [quick|full]      # the curve of docs/benchmark.md (3 repeats)
+  python -m hvd_adaptive.bench.speed --config configs/bench_quick.yaml --repeats 3 \
+      --algorithms sync sync_prop adaptive --scenarios even slowed quota vary \
+      --slowdown 2 1.25 1.5 4 --quota-slowdown 2 --out runs/bench-quick
+  python -m hvd_adaptive.bench.speed ... --variant "adaptive_w1024=train.algorithm=adaptive,train.window_samples=1024"
+
+Fairness: each contender is its own `mpirun -np N hvd-adaptive train` run, one after the other
+and interleaved per repeat, on the same synthetic data and seed, with the same heterogeneity
+(`hetero.slowdown` of the last rank: in sleep mode it multiplies only local computation, the
+same span in every algorithm; the `quota` scenario slows the rank's whole process through a
+cgroup CPU quota), and the same clock (training seconds on rank 0, evaluation excluded).
+Contenders whose defaults are not their own carry their tuned settings in CONTENDERS.
+
+`horovod` is the yardstick users recognize: not the project's training at all, but the plain
+Horovod script a user would write instead (hvd_adaptive/bench/plain_horovod.py: tf.Variables,
+DistributedGradientTape, one tf.function step), started as `mpirun -np N python -m
+hvd_adaptive.bench.plain_horovod` with the same config and overrides. A CPU quota (the `quota`
+scenario, cluster profiles) reaches it as it reaches the project's runs: its whole process in
+the same cgroup. The sleep slowdown multiplies only the project's own computation spans, which
+a plain script does not have: `horovod` is left out of the `slowed` and `vary` scenarios, with
+a line saying so. It measures its own standalone rates (its step without the allreduce) for the
+limit, and has no breakdown of its time ("-" in those columns).
+
+Scenarios (`--scenarios`, the slowed rank is the last): `even`; `slowed` (sleep mode) and
+`quota` (a cgroup CPU quota) once per factor of `--slowdown`; `vary`: the last rank runs at
+full speed, turns `--slowdown`'s first factor slower a third of the way to the target and
+recovers at two thirds (in epochs, from sync's rows to the target in the first even run).
+
+The targets are 80% and 90% of sync's final P@1 in a full-length run without slowdown (or
+--target, one or more); runs stop once they reach the highest, and each target gets a table.
+Time and samples to target are interpolated linearly between evaluations
+(every `train.eval_every` epochs). Columns: time to target; samples to target (statistical
+efficiency); samples per second up to then (hardware efficiency); cluster efficiency; the
+reference's time to target over the contender's, seed by seed (`horovod` when it runs, else sync;
+> 1: sooner); the fraction of the limit; where the ranks' time went. Medians and ranges over the
+repeats, each its own seed.
+
+The limit is the time a perfect data-parallel method would take: sync's rows to the target at
+the sum of the ranks' standalone rates (each rank's own training step, timed at start-up in
+every run). One set of standalone rates serves every contender of a scenario: per rank, the
+median over all the scenario's runs (every contender, every repeat), so no contender is judged
+by its own lucky or unlucky measurement; their spread is printed. In `vary` the slowed phase's
+rate of the last rank is its full-speed rate over the factor (sleep mode divides exactly).
+Cluster efficiency is a run's rows/s over that sum.
+
+The contenders' run folders keep their config, metrics and summary but no model
+(`checkpoint.keep=0`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from hvd_adaptive.train.algorithms import ALGORITHMS
+from hvd_adaptive.bench import scaling
+from hvd_adaptive.bench.measure import limits, measures, median, span, time_to_target
+from hvd_adaptive.bench.output import align
+from hvd_adaptive.train.run import mpirun_command
+
+# name -> config overrides: every algorithm with its defaults, and named variants of them.
+CONTENDERS = {
+    **{name: [f"train.algorithm={name}"] for name in ALGORITHMS},
+    # sync with LB-BSP's partition re-measured every window
+    "sync_prop": ["train.algorithm=sync", "sync.partition=proportional"],
+    # adaptive SGD as published: per-rank optimizer state, plain weighted average, lr ~ batch
+    "adaptive_paper": ["train.algorithm=adaptive", "adaptive.opt_state=local",
+                       "adaptive.row_norm=false", "adaptive.label_norm=false",
+                       "adaptive.lr_scaling=linear"],
+    # the plain Horovod script (SCRIPTS): its own training, the config as every contender's
+    "horovod": [],
+}
+# Contenders that are scripts of their own rather than `hvd-adaptive train`: name -> module.
+SCRIPTS = {"horovod": "hvd_adaptive.bench.plain_horovod"}
+# Scenarios whose slowdown only the project's training can apply (sleep mode), and why.
+SLEEP_SCENARIOS = ("slowed", "vary")
+SCENARIOS = ("even", "slowed", "quota", "vary")
+def train_args(config: str, sets: list[str], run_dir: Path, contender: str = "") -> list[str]:
+    """A contender's `python ARGS`: `hvd-adaptive train`, or the contender's own script
+    (SCRIPTS); no checkpoints (the runs are read for their metrics only; a full benchmark at
+    67,009 labels would keep about 10 GB of models), then `sets`."""
+    program = ["-m", SCRIPTS[contender]] if contender in SCRIPTS else ["-m", "hvd_adaptive.cli", "train"]
+    args = [*program, "--config", config, "--run-dir", str(run_dir)]
+    for s in ["checkpoint.keep=0", *sets]:
+        args += ["--set", s]
+    return args
+
+
+def skip_reason(contender: str, scenario: str) -> Optional[str]:
+    """Why `contender` cannot run `scenario` (None: it can): a plain script in a sleep-mode
+    scenario, whose slowdown it has no way to apply."""
+    if contender in SCRIPTS and scenario in SLEEP_SCENARIOS:
+        return (f"{contender} skipped in the {scenario} scenario: its slowdown (hetero.mode=sleep) "
+                "multiplies only the project's own computation spans, which a plain script does "
+                "not have; the quota scenario slows it as it slows the others")
+    return None
+
+
+def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: str = "") -> dict:
+    """Trains one contender (`contender` names a SCRIPTS entry, else `hvd-adaptive train`);
+    returns its summary and eval records."""
+    cmd, env = mpirun_command(ranks, train_args(config, sets, run_dir, contender))
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": json.loads((run_dir / "summary.json").read_text()),
+            "evals": [r for r in recs if r["event"] == "eval"]}
+
+
+def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
+               what: str, t0: float, contender: str = "") -> dict:
+    """`run_one` with the benchmark's progress lines: what runs, then its time to the target."""
+    print(f"[bench {time.time() - t0:6.0f} s] {what}", flush=True)
+    res = run_one(config, ranks, sets, run_dir, contender)
+    t = time_to_target(res["evals"], target)
+    print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
+    return res
+
+
+# (header, measure, format) of the table's columns after the contender's name
+COLUMNS = (("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("rows->tgt", "samples", "{:.0f}"),
+           ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("ref/this", "ratio", "{:.2f}"),
+           ("range", "ratio_range", "{}"),
+           ("of_limit", "of_limit", "{:.2f}"),
+           ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
+           ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
+
+
+def reference_of(contenders) -> str:
+    """The contender every ratio is against: the plain Horovod script when it runs, else sync."""
+    return "horovod" if "horovod" in contenders else "sync"
+
+
+def table(results: dict, target: float, phases: Optional[dict] = None,
+          reference: str = "sync") -> str:
+    """Formats {scenario: {contender: [run, ...]}} as the benchmark's table: medians and ranges
+    over the repeats (seeds); `ratio` is `reference`'s time to the target over the
+    contender's, the median of the repeats' ratios, each within one seed; `phases` maps a
+    time-varying scenario's label to its phases (see `limits`)."""
+    lines = []
+    for scenario, algos in results.items():
+        reps = max(len(v) for v in algos.values())
+        lim = limits(algos, target, (phases or {}).get(scenario))
+        head = (f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); time shares "
+                f"of all ranks)\n  standalone rows/s per rank (median of the scenario's runs): "
+                + ", ".join(f"{x:.0f}" for x in lim["per_rank"])
+                + f"; sum {lim['rate']:.0f} (runs spread {100 * (lim['spread'] - 1):.0f}%)")
+        if lim["t"]:
+            head += f"; limit {lim['t']:.1f} s to target"
+        lines.append(head)
+        m = {name: [measures(r, target, lim) for r in runs] for name, runs in algos.items()}
+        ref = m.get(reference, [])
+        lines[-1] += f"\n  ref/this: {reference}'s time to the target over the contender's, per seed"
+        cells = [["contender", *(h for h, _, _ in COLUMNS)]]
+        for name, ms in m.items():
+            med = {k: median([x[k] for x in ms]) for k in ms[0]}
+            ratios = [r["t"] / x["t"] if r["t"] and x["t"] else None for r, x in zip(ref, ms)]
+            med["ratio"], med["ratio_range"] = median(ratios), span(ratios)
+            med["t_range"] = span([x["t"] for x in ms], "{:.1f}")
+            cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
+        lines.append(align(cells, text_columns=1))
+    return "\n".join(lines)
+
+
+def scenario_list(names: list[str], factors: list[float],
+                  quota_factors: Optional[list[float]] = None) -> list[tuple[str, float]]:
+    """(kind, factor) for each scenario to run: slowed once per factor, quota once per quota
+    factor (default: the same), even and vary with the first factor."""
+    out = []
+    for name in names:
+        if name in ("slowed", "quota"):
+            out += [(name, f) for f in (quota_factors or factors if name == "quota" else factors)]
+        else:
+            out.append((name, factors[0]))
+    return out
+
+
+def scenario_sets(scen: str, ranks: int, slowdown: float,
+                  vary_epochs: tuple[float, float] = (0.0, 0.0)) -> tuple[str, list[str]]:
+    """A scenario's label and overrides (the last rank is the slowed one)."""
+    slow = f"hetero.slowdown={{{ranks - 1}: {slowdown}}}"
+    if scen == "even":
+        return "no slowdown", []
+    if scen == "slowed":
+        return f"rank {ranks - 1} slowed {slowdown:g}x (sleep: local computation only)", [slow]
+    if scen == "vary":
+        a, b = vary_epochs
+        return (f"rank {ranks - 1} slowed {slowdown:g}x from epoch {a:.3f} to {b:.3f} (sleep)",
+                [f"hetero.schedule=[{{from_epoch: {a:.4f}, slowdown: {{{ranks - 1}: {slowdown}}}}}, "
+                 f"{{from_epoch: {b:.4f}, slowdown: {{}}}}]"])
+    return f"rank {ranks - 1} slowed {slowdown:g}x (cgroup CPU quota: whole process)", \
+        [slow, "hetero.mode=cpu_quota"]
+
+
+def parse_variants(items: list[str]) -> dict:
+    """--variant NAME=key=value,key=value -> {NAME: [overrides]}."""
+    out = {}
+    for item in items:
+        name, _, sets = item.partition("=")
+        if not name or not sets:
+            raise SystemExit(f"--variant {item!r}: expected NAME=section.key=value[,section.key=value]")
+        out[name] = sets.split(",")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/bench.yaml")
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--slowdown", type=float, nargs="+", default=[2.0],
+                    help="factors of the slowed rank (last rank); slowed and quota run once per factor")
+    ap.add_argument("--quota-slowdown", type=float, nargs="+", default=None,
+                    help="factors of the quota scenarios (default: --slowdown's)")
+    ap.add_argument("--algorithms", nargs="*",
+                    default=["sync", "sync_prop", "adaptive"],
+                    choices=sorted(CONTENDERS))
+    ap.add_argument("--variant", action="append", default=[],
+                    help="an extra contender: NAME=section.key=value[,section.key=value]")
+    ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=SCENARIOS)
+    ap.add_argument("--target", type=float, nargs="+", default=None,
+                    help="P@1 targets, a table each; runs stop at the highest (default: 80%% and "
+                         "90%% of sync's final P@1 in a full-length run without slowdown)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="repeats, each with its own seed (train.seed and model.init_seed: 1, 2, ...)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None,
+                    help="the repeats' seeds (default 1 to --repeats)")
+    ap.add_argument("--set", action="append", default=[], help="extra overrides for every run")
+    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--scaling", type=int, nargs="+", default=None, metavar="RANKS",
+                    help="the scaling benchmark instead of --scenarios: these rank counts under "
+                         "cluster profiles (hvd_adaptive/bench/scaling.py), e.g. 1 2 4 8")
+    ap.add_argument("--core", type=float, default=0.25,
+                    help="--scaling: cores of a full-speed rank (its cgroup CPU quota)")
+    ap.add_argument("--profiles", nargs="+", default=["equal", "half"], choices=["equal", "half"],
+                    help="--scaling: the cluster profiles to run")
+    a = ap.parse_args(argv)
+    if a.scaling and (min(a.scaling) < 1 or a.core <= 0):
+        raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
+    contenders = {name: CONTENDERS[name] for name in a.algorithms}
+    contenders.update(parse_variants(a.variant))
+    seeds = a.seeds or list(range(1, a.repeats + 1))
+    a.repeats = len(seeds)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    targets = a.target
+    t0 = time.time()
+    if targets is None:  # sync's full run fixes the targets; every other run stops at the highest
+        print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
+        ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
+                      out / "reference-sync")
+        final = ref["summary"]["final"]["p_at_1"]
+        targets = [0.8 * final, 0.9 * final]
+        print(f"[bench] target P@1 {targets[0]:.4f} and {targets[1]:.4f} (80% and 90% of {final:.4f})",
+              flush=True)
+    targets = sorted(targets)
+    target = targets[-1]  # where every run stops
+    (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
+    if a.scaling:
+        return run_scaling(a, contenders, target, out, t0, seeds)
+    phases: dict = {}
+    for rep in range(a.repeats):
+        for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
+            vary = (0.0, 0.0)
+            if scen == "vary":
+                vary = _vary_epochs(results, target, a.config, out)
+            label, scen_sets = scenario_sets(scen, a.ranks, factor, vary)
+            if scen == "vary":
+                n_rows = _train_rows(out)
+                phases[label] = [(vary[0] * n_rows, 1.0), (vary[1] * n_rows, factor), (float("inf"), 1.0)]
+            for name, sets in contenders.items():
+                why = skip_reason(name, scen)
+                if why:
+                    if rep == 0:
+                        print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)
+                    continue
+                run_sets = sets + a.set + scen_sets + seed_sets(seeds[rep]) + [f"train.target_p_at_1={target}"]
+                if scen != "even" and "hogbatch" in " ".join(sets):
+                    # the slowed rank stands in for the CPU worker (small batches), as in the paper
+                    run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
+                tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
+                res = run_logged(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}", target,
+                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name)
+                results.setdefault(label, {}).setdefault(name, []).append(res)
+    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set or 'none'}\n"
+            + "\n".join(table(results, t, phases, reference_of(contenders)) for t in targets) + "\n")
+    print(text)
+    (out / "bench.txt").write_text(text)
+    print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
+          f"--out {out}/report.png")
+    return 0
+
+
+def seed_sets(seed: int) -> list[str]:
+    """A repeat's seed: the data order (train.seed) and the initial weights (model.init_seed)."""
+    return [f"train.seed={seed}", f"model.init_seed={seed}"]
+
+
+def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Path, t0: float,
+                seeds: list[int]) -> int:
+    """The scaling benchmark (hvd_adaptive/bench/scaling.py): every contender at every rank count of
+    every profile, interleaved per repeat; writes bench.txt and scaling.json."""
+    results: dict = {}
+    for rep in range(a.repeats):
+        for kind, n in scaling.points(a.profiles, a.scaling):
+            label, sets = scaling.profile_sets(kind, n, a.core)
+            # One rank: minibatch SGD whatever the contender (speedups are over this run).
+            runs = {"sync": CONTENDERS["sync"]} if n == 1 else contenders
+            for name, csets in runs.items():
+                res = run_logged(a.config, n, csets + a.set + sets + seed_sets(seeds[rep])
+                                 + [f"train.target_p_at_1={target}"],
+                                 out / f"{kind}{n}-{name}-r{rep}", target,
+                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
+                results.setdefault((kind, n), {}).setdefault(name, []).append(res)
+    data = scaling.rows(results, target)
+    text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
+            f"target P@1 {target:.4f}, medians over {a.repeats} repeat(s), overrides "
+            f"{a.set or 'none'}\n{scaling.table(data)}\n")
+    print(text)
+    (out / "bench.txt").write_text(text)
+    scaling.save(data, target, a.core, out / "scaling.json")
+    print(f"figure: hvd-adaptive report --scaling {out}/scaling.json --out {out}/scaling.png")
+    return 0
+
+
+def _vary_epochs(results: dict, target: float, config: str, out: Path) -> tuple[float, float]:
+    """A third and two thirds of the way to the target, in epochs: from sync's rows to the
+    target in the first even run (which must come first)."""
+    sync = results.get("no slowdown", {}).get("sync")
+    rows = time_to_target(sync[0]["evals"], target, key="samples") if sync else None
+    if not rows:
+        raise SystemExit("--scenarios vary needs `even` before it and sync among the contenders "
+                         "reaching the target (its rows to the target place the slow phase)")
+    n = _train_rows(out)
+    return rows / 3 / n, 2 * rows / 3 / n
+
+
+def _train_rows(out: Path) -> int:
+    """Training rows of the benchmark's data set, from any finished run's start record."""
+    for run in sorted(out.glob("*/metrics.jsonl")):
+        for line in run.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("event") == "start" and rec.get("train_rows"):
+                return int(rec["train_rows"])
+    raise SystemExit(f"no finished run in {out} records its training rows")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""The training loop shared by every algorithm: round -> account -> maybe evaluate -> maybe
+checkpoint -> log.
+
+Only rank 0 writes (config.json, metrics.jsonl, summary.json in the run folder); metrics are
+reduced over ranks before they are written. `wall_s` in the records is training time, with
+evaluation and checkpoint time left out, so accuracy-against-time curves compare algorithms
+fairly. A resumed run (checkpoint.resume: auto) cuts metrics.jsonl back to where its checkpoint
+was taken and continues the curve from there.
+
+Around the loop, each concern has its own module: loading the data and its checks in
+data/loading.py, restoring and saving checkpoints in checkpoint.py (Checkpointer), evaluation
+in evaluation.py, the run's files in runlog.py, a round's accounting in algorithms/base.py
+(RoundStats).
+
+Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
+default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
+HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
+non-finite guards. HVD_ADAPTIVE_SLOW_START=<rank>:<seconds> makes that rank enter its CPU quota
+that much later (no rank calibrates before all are in), HVD_ADAPTIVE_SLOW_EVAL=<rank>:<seconds>
+leave every evaluation that much later (no rank's evaluation reaches the training clock).
+"""
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from hvd_adaptive.tfload import tf
+
+from hvd_adaptive.train import algorithms, tune
+from hvd_adaptive.train.algorithms.base import TIMES, TOTALS, RoundStats
+from hvd_adaptive.train.checkpoint import Checkpointer
+from hvd_adaptive.config import Config
+from hvd_adaptive.data import Dataset, check_fits, load_data, split_validation
+from hvd_adaptive.parallel.distributed import Cluster, allgather, mpi_control_variable, node_allgather
+from hvd_adaptive.train.evaluation import Evaluator
+from hvd_adaptive.train.hetero import Heterogeneity, check_profile
+from hvd_adaptive.model.metrics import inverse_propensities, most_frequent_label_p1
+from hvd_adaptive.model.network import Optimizer, SparseMLP
+from hvd_adaptive.train.records import RunLog
+
+
+def itstime(progress: float, every: float, last: float) -> bool:
+    """Whether a periodic event due every `every` epochs fell between `last` and `progress`."""
+    return math.floor(progress / every + 1e-9) > math.floor(last / every + 1e-9)
+
+
+def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = False) -> dict:
+    """Trains with the configured algorithm; returns the summary (identical on every rank).
+    With `choose_only` it stops once the start record (the chosen settings) is written."""
+    log = RunLog(run_dir, cluster.is_root)
+    log.write_json("config.json", cfg.to_dict())
+    t_load = time.perf_counter()
+    train_ds, test_ds = load_data(cfg, cluster.is_root, cluster.comm.Barrier)
+    train_ds, val_ds = split_validation(cfg, train_ds)
+    check_fits(cfg, train_ds, cluster.size)
+    base_p1 = most_frequent_label_p1(train_ds.label_frequencies(), test_ds.label_indptr,
+                                     test_ds.label_indices)
+    val = f" / {val_ds.n_rows} validation" if val_ds is not None else ""
+    log.say(f"data: {train_ds.n_rows} train{val} / {test_ds.n_rows} test rows, "
+            f"{train_ds.n_features} features, {train_ds.n_labels} labels "
+            f"({time.perf_counter() - t_load:.1f} s); most-frequent-label P@1 {base_p1:.4f}")
+    hetero = Heterogeneity(cfg.hetero, cluster.rank)
+    if cfg.hetero.cores:  # every rank has the same config: all or none take this collective
+        mine = cfg.hetero.cores[cluster.rank] if cluster.rank < len(cfg.hetero.cores) else 0.0
+        check_profile(cfg.hetero.cores, cluster.rank, cluster.size, node_allgather(cluster.comm, mine))
+    with tf.device(cluster.device):
+        model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model,
+                          label_freq=train_ds.label_frequencies())
+        opt = Optimizer.for_model(model, cfg.optim)
+        algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
+        algo.setup()
+        ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
+        resumed = ckpt.restore(algo, log)
+        algo.trace()
+        run = Trainer(cfg, algo, test_ds, log, ckpt,
+                      Position.restored(resumed, cluster.size, algo.resized), val_ds)
+        run.warm_up()
+        # The quota slows what the clock and the calibration measure, not the start-up before
+        # them (tracing at a sixteenth of a core took tens of seconds).
+        _test_delay("HVD_ADAPTIVE_SLOW_START", cluster.rank)
+        quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
+        if quota:  # every rank may print: only the slowed ones have a quota
+            print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
+        # Every rank inside its quota before any calibrates: a rank still in its start-up (no
+        # quota, full cores) took CPU from the quarter-core ranks calibrating beside it, which
+        # once read a sixteenth-core rank at 1/1.94 of a quarter-core one in the suite.
+        cluster.comm.Barrier()
+        t_cal = time.perf_counter()
+        rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size,
+                                                         min_seconds=cfg.train.calibrate_s))
+        t_cal = time.perf_counter() - t_cal
+        algo.on_calibrated(rates)
+        # optim.lr auto: chosen inside the ranks' slowdowns, its seconds charged to the clock.
+        choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x))
+        if choice is not None:
+            algo.set_lr(choice.lr)
+            run.position.wall += choice.seconds
+            log.say(choice.line())
+        window = cfg.train.window_rows(cluster.size)
+        log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
+                f"{cluster.threads} thread(s) each, rounds of {window} rows; standalone rows/s "
+                "per rank: " + ", ".join(f"{r:.0f}" for r in rates))
+        head = dict(algorithm=cfg.train.algorithm, ranks=cluster.size, window_rows=window,
+                    standalone_rates=rates,
+                    baseline_p_at_1=base_p1, train_rows=train_ds.n_rows, time=time.time(),
+                    horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
+                    mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),
+                    calibration_s=round(t_cal, 3), lr=float(algo.cfg.optim.lr),
+                    lr_choice=choice.record() if choice is not None else None)
+        if resumed:
+            log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
+        else:
+            log.record(event="start", **head)
+        if choose_only:
+            return head
+        run.loop()
+        return run.finish(rates, base_p1)
+
+
+@dataclass
+class Position:
+    """Where training stands; checkpointed with the model (Checkpointer.save_training)."""
+
+    totals: np.ndarray              # per rank, columns TOTALS: RoundStats added up
+    wall: float = 0.0               # training seconds on rank 0's clock
+    samples: float = 0.0            # rows trained, all ranks
+    rounds: int = 0                 # rounds done
+    last_progress: float = 0.0      # epochs done at the end of the last round
+    evals: list = field(default_factory=list)  # the eval records so far
+
+    @classmethod
+    def restored(cls, saved: Optional[dict], ranks: int, resized: bool) -> Position:
+        """A fresh run's position, or the one a checkpoint saved (Checkpointer.restore)."""
+        at = cls(np.zeros((ranks, len(TOTALS))))
+        if saved:
+            at.wall, at.samples, at.rounds = saved["wall"], saved["samples"], saved["round"]
+            at.last_progress, at.evals = saved["last_progress"], saved["evals"]
+            if not resized:  # per-rank totals of ranks that no longer exist mean nothing
+                at.totals = np.array(saved["totals"], dtype=float)
+        return at
+
+    def saved(self) -> dict:
+        """The loop's part of a checkpoint ("trainer.<key>")."""
+        return dict(wall=self.wall, samples=self.samples, totals=self.totals.copy(),
+                    evals=self.evals, last_progress=self.last_progress)
+
+
+class Trainer:
+    """The loop over rounds, with evaluation, checkpoints and the run's records around it."""
+
+    def __init__(self, cfg: Config, algo: algorithms.Algorithm, test_ds: Dataset, log: RunLog,
+                 ckpt: Checkpointer, position: Position, val_ds: Optional[Dataset] = None):
+        self.cfg, self.algo, self.cluster = cfg, algo, algo.cluster
+        self.test_ds, self.log, self.ckpt, self.position = test_ds, log, ckpt, position
+        self.val_ds = val_ds
+        # The best model is kept where there is a split to choose it by and checkpoints at all.
+        self.keeps_best = val_ds is not None and cfg.checkpoint.best and cfg.checkpoint.keep > 0
+        # A resumed run's best so far: its evaluations', or the kept model's if that came later.
+        self.best_val = max([e["val_p_at_1"] for e in position.evals if "val_p_at_1" in e]
+                            + [ckpt.best_value() if self.keeps_best else -1.0], default=-1.0)
+        train_ds = algo.ctx.train
+        self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
+                                             cfg.data.propensity_a, cfg.data.propensity_b)
+        self.evaluator: Optional[Evaluator] = None
+
+    def warm_up(self) -> None:
+        """The evaluation's functions traced and run once (Evaluator.warm_up), before the clock
+        and any CPU quota, as the algorithm's steps are (Algorithm.trace)."""
+        self.evaluator_for(self.algo.eval_model()).warm_up(self.test_ds)
+
+    def evaluator_for(self, model) -> Evaluator:
+        if self.evaluator is None or self.evaluator.model is not model:
+            self.evaluator = Evaluator(model, self.cfg.train.eval_memory_mb, inv_prop=self.inv_prop)
+        return self.evaluator
+
+    def loop(self) -> None:
+        """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
+        budget or the target; a final evaluation and checkpoint if the last round had none."""
+        cfg, pos, log = self.cfg.train, self.position, self.log
+        fail_at, last_say = _failure_hook(self.cluster.rank), -1e9
+        while True:
+            if pos.rounds == fail_at:
+                _inject_failure(self.algo, pos.rounds)
+            t0 = time.perf_counter()
+            stats = self.algo.run_round()
+            if stats is None:
+                break
+            ranks, loss = self.account(stats, time.perf_counter() - t0)
+            if time.perf_counter() - last_say >= cfg.log_every_s:
+                last_say = time.perf_counter()
+                log.say(f"train epoch {stats.epoch:6.2f} | {pos.wall:7.1f} s | loss {loss:.4f} | "
+                        f"{pos.samples / max(pos.wall, 1e-9):8.0f} rows/s | batch "
+                        + "/".join(str(r.batch_size) for r in ranks))
+            out_of_time = cfg.time_budget_s is not None and pos.wall >= cfg.time_budget_s
+            if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
+                self.evaluate(stats.epoch)
+            pos.last_progress = stats.epoch
+            if self.ckpt.due(pos.rounds):
+                self.save()
+            if out_of_time:
+                log.say(f"time budget of {cfg.time_budget_s} s reached")
+                break
+            target = cfg.target_p_at_1
+            if target is not None and pos.evals and pos.evals[-1]["p_at_1"] >= target:
+                log.say(f"target P@1 {target} reached")
+                break
+            stale = evals_since_best(pos.evals)
+            if cfg.patience is not None and stale >= cfg.patience:
+                log.say(f"early stop: validation P@1 has not passed {self.best_val:.4f} in "
+                        f"{stale} evaluations (train.patience {cfg.patience})")
+                break
+        if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
+            self.evaluate(pos.last_progress)
+        if self.ckpt.final_due(pos.rounds):
+            self.save()
+
+    def account(self, stats: RoundStats, seconds: float) -> tuple[list[RoundStats], float]:
+        """Gathers every rank's RoundStats, adds them to the position, writes the round's
+        record; returns the ranks' stats and the round's mean loss."""
+        pos = self.position
+        info = allgather(self.cluster.comm, (stats, seconds))
+        pos.wall += info[0][1]  # rank 0's clock is the run's clock
+        ranks = [i[0] for i in info]
+        pos.samples += sum(r.samples for r in ranks)
+        pos.totals += [r.totals() for r in ranks]
+        loss = sum(r.loss_sum for r in ranks) / max(sum(r.samples for r in ranks), 1)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at epoch {stats.epoch:.3f} (round {pos.rounds}); "
+                                     "lower optim.lr or check the data")
+        self.log.record(event="round", round=pos.rounds, epoch=round(stats.epoch, 4),
+                        wall_s=round(pos.wall, 4), samples=int(pos.samples), loss=round(loss, 5),
+                        ranks=[r.record(i) for i, r in enumerate(ranks)])
+        pos.rounds += 1
+        return ranks, loss
+
+    def evaluate(self, progress: float) -> None:
+        """Evaluates the algorithm's model on the test set (every rank), records and says it."""
+        model, pos = self.algo.eval_model(), self.position
+        # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
+        # it too (Algorithm.on_eval: adaptive normalization follows its trend).
+        finite, norm = weight_stats(model.variables_list)
+        if not finite:
+            raise FloatingPointError(
+                f"the model's weights became NaN or inf by epoch {progress:.3f} (round {pos.rounds}); "
+                "stopping, the last good checkpoint is kept; lower optim.lr or check the data")
+        m = self.evaluator_for(model)(self.test_ds, self.cluster, self.cfg.train.eval_rows)
+        self.algo.on_eval(norm)
+        rec = dict(event="eval", wall_s=round(pos.wall, 4), epoch=round(progress, 4),
+                   samples=int(pos.samples), **{k: round(v, 5) for k, v in m.items()},
+                   weight_norm=round(norm, 4))
+        said = ""
+        if self.val_ds is not None:
+            v = self.evaluator_for(model)(self.val_ds, self.cluster, None)
+            rec.update({f"val_{k}": round(v[k], 5) for k in VAL_METRICS})
+            said = f" | val P@1 {rec['val_p_at_1']:.4f}"
+            if rec["val_p_at_1"] > self.best_val:
+                self.best_val = rec["val_p_at_1"]
+                if self.keeps_best:
+                    self.ckpt.save_best(model, pos.rounds, rec, self.cfg.train.algorithm)
+                    said += " (best: kept)"
+        pos.evals.append(rec)
+        self.log.record(**rec)
+        self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
+                     f"P@3 {m['p_at_3']:.4f} P@5 {m['p_at_5']:.4f} | nDCG@5 {m['ndcg_at_5']:.4f} "
+                     f"| PSP@5 {m['psp_at_5']:.4f}{said}")
+        # The ranks leave an evaluation at different times (rank 0 writes the record); the next
+        # window starts together, so no rank's share of the evaluation lands on the training
+        # clock as other ranks' wait or as rows the late rank never got to claim.
+        _test_delay("HVD_ADAPTIVE_SLOW_EVAL", self.cluster.rank)
+        self.cluster.comm.Barrier()
+
+    def save(self) -> None:
+        self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
+
+    def finish(self, rates: list[float], base_p1: float) -> dict:
+        """Writes summary.json (rank 0) and returns it; closes the run's files."""
+        pos, cluster, log = self.position, self.cluster, self.log
+        summary = self.summary(rates, base_p1)
+        # Fingerprints of every rank's replica: equal where the algorithm keeps replicas equal.
+        summary["replica_fingerprints"] = allgather(cluster.comm, _fingerprint(self.algo.model))
+        # Each rank's peak resident memory so far (Linux reports kilobytes) and its CPU quota as
+        # its cgroup holds it (cpu_quota mode), read back from the kernel.
+        quota = self.algo.hetero.quota
+        mine = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                quota.cores_set() if quota else None)
+        for rec, (mb, cores) in zip(summary["per_rank"], allgather(cluster.comm, mine)):
+            rec["peak_rss_mb"] = round(mb, 1)
+            rec["quota_cores"] = cores
+        log.write_json("summary.json", summary)
+        log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
+                f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "
+                f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
+        kept = summary["kept"]
+        if kept is not None:
+            where = f"kept in {self.ckpt.best_dir}" if self.keeps_best else "not written"
+            log.say(f"best model: epoch {kept['epoch']:.2f}, validation P@1 {kept['val_p_at_1']:.4f}, "
+                    f"test P@1 {kept['p_at_1']:.4f} ({where})")
+        log.close()
+        return summary
+
+    def summary(self, rates: list[float], base_p1: float) -> dict:
+        """The run's summary.json, peak memory and fingerprints aside."""
+        pos = self.position
+        per_rank = []
+        for i, t in enumerate(pos.totals):
+            d = dict(zip(TOTALS, t.tolist()))
+            per_rank.append({"rank": i, "samples": int(d["samples"]), "batches": int(d["batches"]),
+                             **{k: round(d[k], 3) for k in TIMES},
+                             "busy_fraction": round(d["compute_s"] / max(pos.wall, 1e-9), 4),
+                             "standalone_rate": round(rates[i], 1)})
+        return {
+            "algorithm": self.cfg.train.algorithm, "ranks": self.cluster.size,
+            "train_wall_s": round(pos.wall, 3),
+            "samples": int(pos.samples), "rows_per_s": round(pos.samples / max(pos.wall, 1e-9), 1),
+            # Samples per second achieved over what the ranks could do alone, added up.
+            "efficiency": round(pos.samples / max(pos.wall, 1e-9) / max(sum(rates), 1e-9), 4),
+            "baseline_p_at_1": base_p1, "final": {k: v for k, v in pos.evals[-1].items() if k != "event"},
+            "best_p_at_1": max(e["p_at_1"] for e in pos.evals),
+            # The evaluation of the best validation P@1: the model predict reads (checkpoint.best).
+            "kept": _kept(pos.evals), "per_rank": per_rank,
+            "algorithm_state": self.algo.state(),
+        }
+
+
+VAL_METRICS = ("p_at_1", "p_at_3", "p_at_5")  # recorded on the validation split as val_<name>
+
+
+def evals_since_best(evals: list[dict]) -> int:
+    """Evaluations after the first one of the highest validation P@1 (0 without a split)."""
+    scores = [e["val_p_at_1"] for e in evals if "val_p_at_1" in e]
+    return len(scores) - 1 - int(np.argmax(scores)) if scores else 0
+
+
+def _kept(evals: list[dict]) -> Optional[dict]:
+    """The first evaluation of the highest validation P@1 (None without a split)."""
+    scored = [e for e in evals if "val_p_at_1" in e]
+    if not scored:
+        return None
+    best = max(scored, key=lambda e: e["val_p_at_1"])  # max keeps the first of equals
+    return {k: v for k, v in best.items() if k != "event"}
+
+
+def _failure_hook(rank: int) -> Optional[int]:
+    """Test hook (see the module docstring): the round at which this rank must fail, if any."""
+    at, who = os.environ.get("HVD_ADAPTIVE_FAIL_AT_ROUND"), os.environ.get("HVD_ADAPTIVE_FAIL_RANK")
+    if at is None or (who is not None and int(who) != rank):
+        return None
+    return int(at)
+
+
+def _inject_failure(algo, rnd: int) -> None:
+    """Test hook: NaN in the input layer (HVD_ADAPTIVE_FAIL_KIND=nan), else an exception."""
+    if os.environ.get("HVD_ADAPTIVE_FAIL_KIND") == "nan":
+        w = algo.model.variables_list[0]
+        w.assign(tf.fill(tf.shape(w), float("nan")))
+    else:
+        raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
+
+
+def _test_delay(variable: str, rank: int) -> None:
+    """Test hooks (see the module docstring): `variable`=<rank>:<seconds> makes that rank sleep."""
+    who, _, seconds = os.environ.get(variable, "").partition(":")
+    if who and int(who) == rank:
+        time.sleep(float(seconds))
+
+
+NORM_ROWS = 16384  # rows of a variable weight_stats reads at a time
+
+
+def weight_stats(variables) -> tuple[bool, float]:
+    """Whether every weight is finite, and the weights' L2 norm, reading at most NORM_ROWS rows
+    of a variable at a time (tf.gather: a variable trained with sparse updates copies itself
+    whole on every plain read). `v * v` of the whole input layer (135,909 x 128 at 13,402
+    labels) made a fresh temporary each evaluation: 0.7-1.8 s at the first and about 0.1 s
+    later, different on every rank, at a quarter core with 8 ranks (docs/benchmark.md)."""
+    finite, total = True, 0.0
+    for v in variables:
+        rows = int(v.shape[0]) if v.shape.rank else 0
+        parts = ((tf.gather(v, tf.range(lo, min(lo + NORM_ROWS, rows)))  # one slice at a time
+                  for lo in range(0, rows, NORM_ROWS)) if rows > NORM_ROWS else [v])
+        for x in parts:
+            finite = finite and bool(tf.reduce_all(tf.math.is_finite(x)))
+            total += float(tf.reduce_sum(tf.square(x)))
+    return finite, math.sqrt(total)
+
+
+def _fingerprint(model: SparseMLP) -> list[float]:
+    return [float(tf.reduce_sum(v)) + float(tf.reduce_sum(v * v)) for v in model.variables_list]

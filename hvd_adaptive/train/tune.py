@@ -1,0 +1,203 @@
+"""`optim.lr: auto`: the learning rate chosen for the data, model and batch by a short probe.
+
+Every candidate rate trains the same rows from the same start for a few steps, and the rate
+whose model has the lowest loss on rows it did not train wins. The candidates are powers of 2
+around a centre taken from the data (`centre`), and the search goes on past the lowest or
+highest rate while the best is there (`choose`). The ranks share each round's candidates, and
+every rank takes the same choice from one allgather of the losses a round. The
+probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what a
+choice costs counts in the time to a target.
+
+The rule, the candidates and the probe's size are the module's; how a candidate trains is the
+caller's (`choose`), so the project's algorithms (`probe`) and the plain Horovod script of the
+benchmark (hvd_adaptive.bench.plain_horovod) choose the same way with their own steps.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+from hvd_adaptive.config import ConfigError
+
+# Candidates are the centre times powers of 2. Adagrad-type optimizers step each weight by
+# about lr whatever its gradient, so a step moves the input layer's output by about lr times a
+# row's L1 norm, while the output layer's step does not grow with it: their centre is
+# ADAGRAD_STEP over the square root of the training rows' median L1 norm (0.1 for the
+# L2-normalized TF-IDF rows of the synthetic presets, whose best rate that was); the search
+# then finds the best wherever it is. The others start from a fixed centre.
+ADAGRAD_STEP = 0.25
+CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
+MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
+PROBE_STEPS = 8         # steps each candidate trains
+PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
+HELD_OUT_ROWS = 512     # rows, not trained by the probe, whose loss judges the candidates
+PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
+
+
+@dataclass
+class LrChoice:
+    """What `optim.lr: auto` chose, and how (the start record's `lr_choice`)."""
+
+    lr: float
+    candidates: list
+    losses: list           # held-out loss after the probe, per candidate (nan: diverged)
+    start_loss: float      # held-out loss of the untrained start
+    steps: int
+    rows: int              # rows a candidate trained
+    held_out_rows: int
+    seconds: float         # the probe's wall time on the slowest rank (charged to the clock)
+
+    def record(self) -> dict:
+        def short(v):
+            return round(v, 6) if isinstance(v, float) else [short(x) for x in v] if isinstance(v, list) else v
+        return {k: short(v) for k, v in asdict(self).items()}
+
+    def line(self) -> str:
+        tried = ", ".join(f"{c:g}: {l:.4f}" for c, l in zip(self.candidates, self.losses))
+        return (f"optim.lr auto: {self.lr:g} (held-out loss after {self.steps} steps of "
+                f"{self.rows // max(self.steps, 1)} rows from {self.start_loss:.4f}: {tried}; "
+                f"{self.seconds:.2f} s, charged to the clock)")
+
+
+@contextmanager
+def unchanged(variables: Sequence) -> Iterator[Callable[[], None]]:
+    """Steps run inside change none of `variables` (tf.Variables: a model, its optimizer's
+    state, its rate): they are put back afterwards. Yields the function that puts them back,
+    for use in between (each candidate of the probe starts from the same place)."""
+    saved = [np.array(v.numpy(), copy=True) for v in variables]  # never alias a variable
+
+    def restore() -> None:
+        for v, x in zip(variables, saved):
+            v.assign(x)
+
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+def probe_rows(n_rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows the candidates train (PROBE_STEPS batches of at most PROBE_BATCH rows) and the
+    held-out rows that judge them: disjoint slices of one seeded permutation of the training
+    rows. On small data sets the batches shrink so that a quarter of the rows stays held out."""
+    perm = np.random.default_rng(PROBE_SEED).permutation(n_rows)
+    held = min(HELD_OUT_ROWS, max(1, n_rows // 4))
+    rows = PROBE_STEPS * min(PROBE_BATCH, batch_size)
+    train = perm[held:held + min(rows, n_rows - held)]
+    return train, perm[:held]
+
+
+def centre(optimizer: str, ds, rows: np.ndarray) -> float:
+    """The rate the search starts from: for adagrad and rowwise_adagrad ADAGRAD_STEP over the
+    square root of the median L1 norm of `rows` of the dataset `ds` (its CSR feature arrays),
+    else CENTRES."""
+    if optimizer not in ("adagrad", "rowwise_adagrad"):
+        return CENTRES[optimizer]
+    l1 = [float(np.abs(ds.values[ds.indptr[r]:ds.indptr[r + 1]]).sum()) for r in rows]
+    norm = float(np.median(l1)) if l1 else 0.0
+    return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
+
+
+def pick(candidates: Sequence[float], losses: Sequence[float], start_loss: float,
+         optimizer: str) -> float:
+    """The candidate with the lowest held-out loss.
+
+    Raises:
+        ConfigError: no candidate lowered the held-out loss below the start's (rows without
+            labels, labels unrelated to the features, or every rate diverged).
+    """
+    finite = [(l, c) for c, l in zip(candidates, losses) if math.isfinite(l)]
+    if not finite or min(finite)[0] >= start_loss * (1 - 1e-4):
+        tried = ", ".join(f"{c:g}: {l:.4g}" for c, l in zip(candidates, losses))
+        raise ConfigError(
+            f"optim.lr=auto: no candidate rate of {optimizer} learned in the probe (held-out loss "
+            f"from {start_loss:.4g} to {tried}); check that the training rows have labels that "
+            "depend on their features, or pin optim.lr")
+    return min(finite)[1]
+
+
+def choose(start: float, try_rate: Callable[[float], float], start_loss: Callable[[], float],
+           rank: int, size: int, allgather: Callable[[object], list], optimizer: str) -> LrChoice:
+    """The search every rank runs together; returns the choice every rank makes.
+
+    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 (more, centred, when there are more
+    ranks); while the lowest held-out loss is at the lowest or highest rate tried, the next
+    round goes further that way, one candidate a rank, at most MAX_DOUBLINGS from `start`.
+    In a round rank r tries candidates r, r + size, ...; one allgather a round shares the losses.
+
+    Args:
+        start: the centre of the search (`centre`).
+        try_rate: trains the probe's rows at a rate from the common start and returns the
+            held-out loss (nan or inf when it diverged); leaves the start as it found it.
+        start_loss: returns the held-out loss of the start.
+        rank, size: this rank and the ranks sharing the candidates.
+        allgather: the job's allgather of a Python object.
+        optimizer: the optimizer's name, for the error message.
+    """
+    t0 = time.perf_counter()
+    start_loss = float(start_loss())
+    width = max(3, size)
+    todo = [j - width // 2 for j in range(width)]
+    losses: dict[int, float] = {}
+    while todo:
+        mine = {}
+        for j in todo[rank::size]:
+            loss = float(try_rate(start * 2.0 ** j))
+            mine[j] = loss if math.isfinite(loss) else float("nan")
+        for part in allgather(mine):
+            losses.update(part)
+        finite = [(l, j) for j, l in losses.items() if math.isfinite(l)]
+        if finite and min(finite)[0] >= start_loss * (1 - 1e-4):
+            break  # nothing learns at any rate tried: no direction to search (`pick` says so)
+        best = min(finite)[1] if finite else min(losses)
+        lo, hi = min(losses), max(losses)
+        if best == lo and lo > -MAX_DOUBLINGS:
+            todo = [lo - 1 - i for i in range(size) if lo - 1 - i >= -MAX_DOUBLINGS]
+        elif best == hi and hi < MAX_DOUBLINGS and finite:
+            todo = [hi + 1 + i for i in range(size) if hi + 1 + i <= MAX_DOUBLINGS]
+        else:
+            todo = []
+    # Every rank charges the same seconds to its clock: the slowest rank's whole search.
+    seconds = max(allgather(time.perf_counter() - t0))
+    js = sorted(losses)
+    rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
+    ordered = [losses[j] for j in js]
+    return LrChoice(lr=pick(rates, ordered, start_loss, optimizer), candidates=rates,
+                    losses=ordered, start_loss=float(start_loss), steps=PROBE_STEPS, rows=0,
+                    held_out_rows=0, seconds=seconds)
+
+
+def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
+    """`optim.lr: auto` for one of the project's algorithms: each candidate runs the algorithm's
+    local training step (`Algorithm.local_step`'s traced function, with its slowdown) on the
+    probe's rows from the model as it stands, which is then put back (`Algorithm.unchanged`).
+    None when the rate is pinned."""
+    cfg = algo.cfg
+    if cfg.optim.lr != "auto":
+        return None
+    ds = algo.ctx.train
+    train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
+    steps = [algo.batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
+    held = algo.batch(held_rows)
+
+    def held_out_loss() -> float:
+        return float(algo.held_out_loss(*held))
+
+    with algo.unchanged() as restore:
+        def try_rate(lr: float) -> float:
+            algo.opt.lr.assign(lr)
+            for b in steps:
+                algo.probe_step(*b)
+            loss = held_out_loss()
+            restore()
+            return loss
+
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, held_out_loss,
+                        algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
+    choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
+    return choice
