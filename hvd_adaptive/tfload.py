@@ -2,10 +2,10 @@
 
 Importing TensorFlow (2.21) imports Keras eagerly, and Keras imports matplotlib.pyplot when
 matplotlib is installed, for plotting helpers hvd_adaptive never calls. matplotlib is installed
-for `hvd-adaptive report`, and importing pyplot took 0.6-0.7 s of every rank's start-up here
-(TensorFlow and Horovod take about 4 s in all). So the first import of TensorFlow in a process
-sees matplotlib as absent (Keras then leaves its plotting helpers unset); right after it,
-matplotlib is importable again, for the report or anyone else.
+for `hvd-adaptive report`, and importing pyplot added a noticeable share to every rank's
+start-up (docs/benchmark.md, "Figures behind the code's defaults"). So the first import of
+TensorFlow in a process sees matplotlib as absent (Keras then leaves its plotting helpers
+unset); right after it, matplotlib is importable again, for the report or anyone else.
 
 The first import also logs INFO lines through absl's C++ logging before absl is initialized
 ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

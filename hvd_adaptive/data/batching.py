@@ -5,14 +5,12 @@ concatenated and a parallel segment array says which batch row each entry
 belongs to. This is what sparse embedding lookups (``segment_sum`` style ops)
 consume directly, and it is built here without any per-row Python loop.
 
-Two ways to select rows, each where it measured faster (medians on memory-mapped arrays of
-200,000 rows with 75 features and 5 labels each): `Dataset.subset`
-(evaluation chunks, test subsets: thousands of rows) uses scipy.sparse's compiled row
-indexing over CSR matrices sharing the dataset's arrays, 2.2x faster at 2,048 rows
-(0.69 against 1.49 ms) and 3.3x at 50,000 (17 against 54 ms) than the numpy positions;
-`make_batch` (training batches: tens to hundreds of rows) keeps the numpy positions
-(`gather_rows`), as scipy's fixed cost per selection made it 2.1x slower at 64 rows (0.51
-against 0.24 ms) and 1.3x at 256 (0.55 against 0.41 ms).
+Two ways to select rows, each where it was faster (docs/benchmark.md, "Figures behind the
+code's defaults"): `Dataset.subset` (evaluation chunks, test subsets: thousands of rows) uses
+scipy.sparse's compiled row indexing over CSR matrices sharing the dataset's arrays, which
+beat the numpy positions more the more rows a selection holds; `make_batch` (training
+batches: tens to hundreds of rows) keeps the numpy positions (`gather_rows`), as scipy's
+fixed cost per selection made it slower on selections that small.
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ The file is read in blocks of complete lines. Each block is first parsed by a
 vectorised numpy path (byte masks validate every token, ``np.fromstring``
 converts all numbers at once); if anything in the block looks wrong, the block
 is re-parsed line by line in Python, which pinpoints the line and the problem.
-Measured on one core of the development machine: 100,000 rows x 75 non-zeros
-(117 MB) parse in about 4 s (about 14 s with the line-by-line path alone); a
-cached reload memory-maps the arrays and takes milliseconds.
+The vectorised path parses several times faster than the line-by-line path alone
+(docs/benchmark.md, "Figures behind the code's defaults"); a cached reload only
+memory-maps the arrays.
 """
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ characters dropped) and each classifier under ``Topic ::``, ``Framework ::`` or
 ``Environment ::`` as ``cls:<classifier>``. The other classifiers (Python versions, licenses,
 operating systems, development status, intended audience, natural language) are on nearly
 every project or say nothing about its content: "Intended Audience :: Developers" alone would
-be on over half of the rows, and predicting it would score a P@1 of 0.57.
+be on over half of the rows (docs/accuracy.md), so predicting it for every row would score a
+high P@1 while saying nothing about the project.
 
 Features: lowercase word tokens (:data:`TOKEN`, trailing dots stripped) of the name (split at
 ``-``, ``_`` and ``.``), the summary and the description, valued TF-IDF (``1 + log tf`` times
@@ -236,8 +237,9 @@ def _get_kept_alive(url: str, timeout: float, redirects: int = 3) -> bytes:
     answers than 200.
 
     One connection a thread, reused: new connections (as ``urlopen`` opens for every request)
-    went at about 17 requests/s with 8 threads and fewer with more, some connects taking 5 s;
-    8 persistent connections served about 57/s.
+    served few requests a second, fewer with more threads, some connects stalling for seconds;
+    as many persistent connections served several times as many (docs/benchmark.md, "Figures
+    behind the code's defaults").
     """
     u = urllib.parse.urlsplit(url)
     key = (u.scheme, u.netloc)

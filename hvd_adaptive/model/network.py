@@ -124,7 +124,8 @@ class SparseMLP(tf.Module):
         self.sampled = cfg.output == "sampled"
         # The sampled loss gathers output rows, so its output layer is [labels x hidden]; the
         # full softmax keeps the dense kernel [hidden x labels], whose matmul and gradient ran
-        # about 12% faster here than the transposed product at 67,009 labels.
+        # faster than the transposed product at 67,009 labels (docs/benchmark.md, "Figures
+        # behind the code's defaults").
         kernel = _glorot(rng, widths[-1], n_labels)
         out = tf.Variable(kernel.T.copy() if self.sampled else kernel, name=f"w{len(hidden)}")
         self.layers = [*hidden, out]
@@ -284,8 +285,9 @@ class Optimizer(tf.Module):
 
     The input layer's state is then one value a feature instead of one a weight, which
     adaptive SGD's merges carry with the model (adaptive.opt_state: average). A row-wise
-    accumulator per label on the full softmax's dense output layer cost sync 45% more rows to
-    the target at 67,009 labels (docs/benchmark.md), so that layer keeps Adagrad's.
+    accumulator per label on the full softmax's dense output layer cost sync many more rows to
+    the target at 67,009 labels (docs/benchmark.md, "Where the defaults come from"), so that
+    layer keeps Adagrad's.
 
     The learning rate is a tf.Variable so per-rank schedules change it without retracing.
     Weight decay is added to the gradient of the parameters an update touches.

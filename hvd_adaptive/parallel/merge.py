@@ -15,7 +15,8 @@ sampled loss, to the output layer and its bias (rows: the candidates); adaptive.
 applies it to the full softmax's output layer and bias (rows: the labels a rank trained as
 positives). Without the latter, a label that one rank of two saw in a window kept half of
 that rank's step (Adagrad's first step on a label is about lr whatever the gradient's size),
-which cost adaptive SGD 17-25% more rows than sync at 67,009 labels (docs/benchmark.md).
+which cost adaptive SGD more rows than sync at 67,009 labels (docs/benchmark.md, "Where the
+defaults come from").
 Optimizer slots merged with the model (adaptive.opt_state: average) use the first line.
 
 Horovod refuses per-rank prescale factors ("Mismatched prescale and/or postscale factors"), so
@@ -160,9 +161,9 @@ class Merge:
         leaves them as they are (a weighted average of equal values, up to float rounding) but
         pays the first use of the merge's largest buffers, TensorFlow's, Horovod's and the
         memory pages behind them, before the clock starts. A warm-up of the union alone (empty
-        then) left that to the first window's merge, which took about 2.5x the later ones at 8
-        ranks and 67,009 labels (docs/benchmark.md). Every mask is marked for it and cleared
-        after it."""
+        then) left that to the first window's merge, which took far longer than the later ones
+        at 8 ranks and 67,009 labels (docs/benchmark.md, "Where the defaults come from"). Every
+        mask is marked for it and cleared after it."""
         for m in self.model.touched.masks:
             m.assign(tf.ones_like(m))
         self(weight)
@@ -190,8 +191,9 @@ class Merge:
 
         gathered: every rank's `packed()` of this window, in rank order, if the caller has them;
         else one bitwise-or allreduce makes the union. With Horovod's background thread
-        coordinating beside it, each MPI collective cost 30-90 ms at 8 quarter-core ranks,
-        whatever its size (docs/benchmark.md)."""
+        coordinating beside it, each MPI collective cost a long wait at 8 quarter-core ranks,
+        whatever its size, so the merge spares one when it can (docs/benchmark.md, "Where the
+        defaults come from")."""
         from mpi4py import MPI
 
         touched = self.model.touched.numpy()

@@ -42,8 +42,9 @@ from hvd_adaptive.config import HeteroConfig
 CGROUP_ROOT = Path(os.environ.get("HVD_ADAPTIVE_CGROUP_ROOT", "/sys/fs/cgroup"))
 # The quota's accounting period. A rank that used its quota stalls until the period ends: with
 # the kernel's usual 100 ms a quarter-core rank stopped for 75 ms at a time while the others
-# waited in collectives for it (2 ranks at a quarter core: 26 s of a 56 s run in communication);
-# at 10 ms the stalls are short, as on a machine that is evenly slower (3-5 s of 30 s).
+# waited in collectives for it, and communication took a large share of the run; at 10 ms the
+# stalls are short, as on a machine that is evenly slower (docs/history/, "What the ranks lost
+# to Horovod's cycle and to the quota's period").
 PERIOD_US = 10_000
 MIN_QUOTA_US = 1_000  # the kernel refuses less
 

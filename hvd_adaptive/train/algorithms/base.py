@@ -165,7 +165,8 @@ class Algorithm:
 
         # autograph=False here and on every tf.function of the project: the graphs have no
         # tensor-dependent Python control flow (loops are tf.while_loop), and AutoGraph's source
-        # conversion cost 2.5-3.5 s of every job's start-up (a tiny 2-rank run: 12.6 s -> 9.2 s).
+        # conversion took a large part of every job's start-up (docs/benchmark.md, "Figures
+        # behind the code's defaults").
         @tf.function(input_signature=BATCH_SIGNATURE, autograph=False)
         def local_step(*batch):
             with tf.GradientTape() as tape:
@@ -241,9 +242,9 @@ class Algorithm:
         with self.unchanged():
             self.hetero.compute(self._local_step, *batches[0])  # not timed: first run optimizes
             # Wall time of the whole loop, not the sum of the steps' spans: a CPU quota can also
-            # stall the process between spans. (One process at a quarter core measured 1/4.2-4.8
-            # of its unslowed rate either way; the one 4-rank run that read 1/1.45 by the spans
-            # against 1/2 by the wall clock was within that profile's run-to-run spread.)
+            # stall the process between spans. (Under a quota both readings agreed within the
+            # runs' spread where they were compared: docs/benchmark.md, "Figures behind the
+            # code's defaults".)
             t0, cpu0 = time.perf_counter(), time.process_time()
             comm0 = threads_cpu_s(self.cluster.comm_threads)
             while done < steps or time.perf_counter() - t0 < min_seconds:
