@@ -275,14 +275,14 @@ class AutoConfig:
     """Rows model averaging needs per row of gradient aggregation to reach the same accuracy
     (its statistical cost): a window merges only when adaptive SGD's measured rows/s beat
     sync's by more than this factor. 1.0: with adaptive.label_norm adaptive SGD reached the
-    target in no more rows than sync (0.87-1.00x sync's, medians of 3 at 67,009 and 13,402
-    labels, docs/benchmark.md); it was 1.15 before, when averaging cost 13-23% more rows."""
+    target in no more rows than sync, at 67,009 labels and at 13,402 (docs/algorithms.md,
+    "auto, the hybrid mode")."""
     probe_every: int = 6
     """Windows between probes of the mode not chosen, whose rows/s may have changed."""
     shard_update: bool = False
     """Gradient windows shard the output layer's optimizer update (sync.shard_update). Off:
-    with Horovod's 5 ms cycle it took 1.02x sync_prop's time with equal ranks and 0.99x with
-    rank 1 slowed 2x at 67,009 labels (one run each), and a switch of mode gathers or
+    with Horovod's cycle as the project sets it, it took about sync_prop's time, with equal
+    ranks and with a slowed rank alike (docs/algorithms.md), and a switch of mode gathers or
     re-shards the optimizer state."""
 
     def validate(self, path: str) -> None:
@@ -295,8 +295,9 @@ class AutoConfig:
 class AdaptiveConfig:
     warmup_epochs: float = 0.0
     """Epochs of warm-up with batch b_warm on every rank. The prototype used 10 (of many more);
-    on the benchmark here 0.25 epochs of warm-up delayed the target P@1 about 6x (batch 32 and
-    a 100x lower starting rate), so it is off by default (docs/benchmark.md)."""
+    on the benchmark workload 0.25 epochs of warm-up (batch 32 and a 100x lower starting rate)
+    delayed the target P@1 several times over, so it is off by default (docs/algorithms.md,
+    "Choices where the sources are silent")."""
     b_warm: int = 32
     """Warm-up batch size."""
     b_min: int = 32
@@ -331,15 +332,16 @@ class AdaptiveConfig:
     """Dynamic scheduling's guided tail (SharedCounter.claims): near a window's end a claim takes
     at most the rows left / ranks (at least a quarter of its batch), so the ranks reach the merge
     within a small batch of each other, and counts as its fraction of a batch in the merge
-    weights. It cut the end-of-window wait at 8 ranks from 0.15 to 0.06 of the ranks' time but
-    not the time to the target, within noise at 2-8 ranks (docs/benchmark.md), so it is off:
-    every claim is a whole batch (the papers')."""
+    weights. It cut the end-of-window wait at 8 ranks but not the time to the target, within
+    noise at 2-8 ranks (docs/algorithms.md, docs/benchmark.md), so it is off: every claim is a
+    whole batch (the papers')."""
     weights: Literal["batches", "rows"] = "batches"
     """Merge weights p_i from the window's batch counts (the papers) or from rows processed."""
     opt_state: Literal["local", "average"] = "average"
     """Optimizer state (Adagrad accumulators, momentum, Adam moments) under averaging: merged
-    with the same weights as the model (average; 1.37x against 1.13x sync's speed with local
-    state in the ablation, docs/benchmark.md), or each rank's own (local, the papers')."""
+    with the same weights as the model (average: in the ablation per-rank state needed more
+    rows and so reached the target later, docs/benchmark.md, "Where the defaults come from"),
+    or each rank's own (local, the papers')."""
     row_norm: bool = True
     """Row-normalized merge of the row-sparse layers (input layer; output layer and bias under
     model.output: sampled; the full softmax's: label_norm): a row that only some ranks touched
@@ -350,12 +352,12 @@ class AdaptiveConfig:
     """The row-normalized merge of the full softmax's output layer and bias by the labels each
     rank trained as positives in the window: a label that only some ranks saw keeps their
     change instead of a share of it (the softmax's small changes to other labels' rows count
-    only where nobody had the label). Off, adaptive SGD needed 17-25% more rows than sync to
-    reach the target at 67,009 labels (docs/benchmark.md)."""
+    only where nobody had the label). Off, adaptive SGD needed more rows than sync to reach the
+    target at 67,009 labels (docs/benchmark.md, "Where the defaults come from")."""
     lr_scaling: Literal["linear", "none"] = "none"
     """none: every rank uses lr0 (with Adagrad, whose steps do not grow with the gradient's
-    scale, this reached the target 1.50x sooner than sync against 1.37x for linear in the
-    ablation); linear: lr_i = lr0 * b_i / b_max (the papers)."""
+    scale, this reached the target sooner than linear in the ablation, docs/benchmark.md, "Where
+    the defaults come from"); linear: lr_i = lr0 * b_i / b_max (the papers)."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "b_warm", "b_min", "b_max", "step")
@@ -718,6 +720,15 @@ def resolve(cfg: Config, threads: int) -> Config:
         hogbatch=dataclasses.replace(h, cpu_threads=h.cpu_threads or threads, gpu_batch=gpu,
                                      b_max=h_max, b_min=min(h.b_min, h_max),
                                      round_epochs=h.round_epochs or t.eval_every))
+
+
+def unresolved(cfg: Config) -> list[str]:
+    """The keys `resolve` sets that are still None (none in a resolved config)."""
+    t, a, h = cfg.train, cfg.adaptive, cfg.hogbatch
+    keys = {"train.threads": t.threads, "adaptive.b_max": a.b_max, "hogbatch.cpu_threads": h.cpu_threads,
+            "hogbatch.gpu_batch": h.gpu_batch, "hogbatch.b_max": h.b_max,
+            "hogbatch.round_epochs": h.round_epochs}
+    return [k for k, v in keys.items() if v is None]
 
 
 def config_from_dict(raw: dict) -> Config:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (idempotent, cached) and run the whole test suite, the Slurm tests included.
-#   bash launch/test.sh              # what CI runs: everything (about 6-8 minutes here)
-#   bash launch/test.sh -m "not mpi" # the unit loop, under a minute: no MPI ranks, no training run
+#   bash launch/test.sh              # what CI runs: every tier (tests/README.md)
+#   bash launch/test.sh tests/unit   # the unit loop, under a minute: no MPI ranks, no training run
 #   bash launch/test.sh -k config    # extra arguments go to pytest
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

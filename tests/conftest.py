@@ -1,23 +1,32 @@
-"""Shared fixtures: one real Slurm cluster for every Slurm test of the session."""
+"""The tiers' markers, and the session fixtures shared across files: one real Slurm cluster
+for every Slurm test, one uninterrupted sync run, the trained runs on files, the small and the
+noisy data files.
+
+A test's tier is its folder, and its markers follow from it here (registered in
+pyproject.toml): tests/mpi and tests/cluster start MPI ranks (`mpi`), tests/cluster also needs
+root and the machine's Slurm or network namespaces (`cluster`); tests/unit has neither.
+"""
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-# The harness (tests/harness: MPI jobs, namespaced nodes, the Slurm cluster, trained runs) is
-# imported by module name from the tests; the ranks' programs live in tests/parallel.
-sys.path.insert(0, str(Path(__file__).resolve().parent / "harness"))
+from hvd_adaptive.data import preset, synth_to_files, synthesize, write_xc
+from tests.harness.mpirun import train
+from tests.harness.slurm_cluster import SlurmCluster, slurm_available
+from tests.harness.trained_run import FILE_RUNS, TINY, trained_runs
 
-from mpirun import train  # noqa: E402
-from trained_run import FILE_RUNS, trained_runs  # noqa: E402
-from slurm_cluster import SlurmCluster, slurm_available  # noqa: E402
+TIERS = {"mpi": ("mpi",), "cluster": ("mpi", "cluster")}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "multinode: runs ranks on several namespaced nodes "
-                            "(tests/harness/nodes.py; root, iproute2)")
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        tier = Path(item.fspath).resolve().relative_to(here).parts[0]
+        for marker in TIERS.get(tier, ()):
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +58,25 @@ def file_runs(tmp_path_factory):
     """The runs the predict, evaluate and export tests read (trained_run.FILE_RUNS), trained on
     the tiny data as files in one 2-rank job: ({name: run folder}, test file)."""
     return trained_runs(tmp_path_factory.mktemp("file_runs"), 2, FILE_RUNS)
+
+
+@pytest.fixture(scope="session")
+def small_files(tmp_path_factory):
+    """The bad-input tests' small XC files (test_failures.py): a train/test pair, a test file
+    with other features, a 2-row train file."""
+    d = tmp_path_factory.mktemp("data")
+    spec = dict(scale=0.1, n_train=200, n_test=50, n_labels=20, nnz_mean=10, labels_mean=2)
+    train, test = synthesize(preset("eurlex4k", n_features=300, **spec))
+    _, other = synthesize(preset("eurlex4k", n_features=250, **spec))
+    for name, ds in (("train", train), ("test", test), ("test250", other),
+                     ("two", train.subset(np.arange(2)))):
+        write_xc(d / f"{name}.txt", ds)
+    return d
+
+
+@pytest.fixture(scope="session")
+def noisy_files(tmp_path_factory):
+    """For test_validation.py: the tiny data with half of its rows' labels noise, as XC files:
+    (train, test)."""
+    return synth_to_files(preset("eurlex4k", label_noise=0.5, **TINY),
+                          tmp_path_factory.mktemp("noisy"))

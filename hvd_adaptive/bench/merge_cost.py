@@ -61,13 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     from hvd_adaptive.tfload import tf
     import horovod.tensorflow as hvd
     from hvd_adaptive.parallel.merge import Merge
-    from hvd_adaptive.model.network import SparseMLP
+    from hvd_adaptive.train.build import build_model
 
     sparse = a.touched is not None
     dtypes = a.dtypes or [cfg.merge.dtype]
     rng = np.random.default_rng(c.rank)
     with tf.device(c.device):
-        model = SparseMLP(spec.n_features, spec.n_labels, cfg.model)
+        model = build_model(cfg, spec.n_features, spec.n_labels)
         merges = {d: Merge(model, None, dataclasses.replace(cfg.merge, sparse=sparse, dtype=d),
                            sparse, c.comm, label_norm=sparse) for d in dtypes}
         weight = (1.0 + c.rank) / (c.size * (c.size + 1) / 2)  # unequal, summing to 1 over ranks

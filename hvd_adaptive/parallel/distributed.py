@@ -69,59 +69,78 @@ def cycle_ms(smallest_cores: Optional[float] = None) -> float:
     (None: no quota). Horovod's background thread coordinates the ranks once a cycle and waits
     there for the slowest; that costs the same CPU time a cycle whatever the rank's share, so
     at a fraction f of a core the cycle is HOROVOD_CYCLE_MS / f (at most HOROVOD_CYCLE_MAX_MS),
-    keeping the cost's share of the rank's time about that of a full core at 5 ms. Measured
-    (docs/benchmark.md): 2 ranks at one core, 5 ms against 20 ms 1.9 against 2.2 s to the target
-    for sync; 2, 4 and 8 ranks at a quarter core, 20 ms against 5 ms 1.03-1.18x sooner for sync
-    and adaptive SGD alike (50 ms about as 20)."""
+    keeping the cost's share of the rank's time about that of a full core at 5 ms (the
+    measurements: docs/benchmark.md, "Where the defaults come from")."""
     if smallest_cores is None or smallest_cores >= 1.0:
         return float(HOROVOD_CYCLE_MS)
     return float(min(HOROVOD_CYCLE_MAX_MS, round(HOROVOD_CYCLE_MS / smallest_cores, 1)))
 
 
-def init(threads: Optional[int] = None,
-         threads_for: Optional[Callable[[int], Optional[int]]] = None,
-         cycle: Optional[float] = None) -> Cluster:
-    """Initializes MPI (mpi4py), Horovod and TensorFlow's devices for this rank.
+_THREADS_BEFORE_MPI: Optional[set[int]] = None  # this process's threads before MPI started
 
-    Args:
-        threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
-            so ranks sharing a node do not oversubscribe it.
-        threads_for: rank -> threads (or None for the default); wins over `threads`. Lets CPU
-            workers of a mixed job run another thread count than the others.
-        cycle: Horovod's cycle in ms (`cycle_ms`; default HOROVOD_CYCLE_MS); an exported
-            HOROVOD_CYCLE_TIME wins.
+
+def start_mpi():
+    """Initializes MPI through mpi4py, before Horovod and TensorFlow; returns MPI.COMM_WORLD.
+
+    Called alone first, it lets a run learn its ranks (`node_size`) and resolve its config
+    before `init` sizes TensorFlow's thread pools from it; `init` calls it too (a second call
+    returns the same communicator).
     """
+    global _THREADS_BEFORE_MPI
     import mpi4py
+
+    if _THREADS_BEFORE_MPI is None:
+        _THREADS_BEFORE_MPI = thread_ids()
 
     # A rank waiting in MPI spins on its core unless OpenMPI yields it (mpi_yield_when_idle),
     # which OpenMPI turns on by itself only on nodes with more ranks than cores. Horovod's
     # background thread waits there once a cycle, so spinning took the rank's own computing
-    # time: yielding raised the ranks' standalone rows/s 1.34x at 2 ranks at a quarter core
-    # and 1.14x at one core each (docs/benchmark.md). Must precede MPI's initialization; an
-    # exported value (or `mpirun --mca mpi_yield_when_idle 0`) wins.
+    # time, and yielding raised the ranks' standalone rows/s (docs/benchmark.md, "Where the
+    # defaults come from"). Must precede MPI's initialization; an exported value (or
+    # `mpirun --mca mpi_yield_when_idle 0`) wins.
     os.environ.setdefault(YIELD_WHEN_IDLE, "1")
     mpi4py.rc.thread_level = "multiple"
-    before = thread_ids()
     from mpi4py import MPI
 
     # Horovod's background thread calls MPI while this thread calls mpi4py: a lower level than
     # requested would corrupt MPI's state later, far from the cause, so it is checked first.
     require_thread_level(MPI.Query_thread(), MPI)
+    return MPI.COMM_WORLD
 
+
+def node_size(comm) -> int:
+    """Ranks of `comm` on this rank's node (shared memory), as Horovod's local_size counts them."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size()
+    finally:
+        node.Free()
+
+
+def init(threads: Optional[int] = None, cycle: Optional[float] = None) -> Cluster:
+    """Initializes MPI (`start_mpi`, unless done), Horovod and TensorFlow's devices for this rank.
+
+    Args:
+        threads: TensorFlow intra-op threads; default: this node's cores / ranks on the node,
+            so ranks sharing a node do not oversubscribe it.
+        cycle: Horovod's cycle in ms (`cycle_ms`; default HOROVOD_CYCLE_MS); an exported
+            HOROVOD_CYCLE_TIME wins.
+    """
+    comm = start_mpi()
+    before = _THREADS_BEFORE_MPI
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # Horovod's background thread coordinates the ranks once a cycle (1 ms by default), and a
-    # rank waiting for the others there spins: with 2 ranks on 2 cores it took about a third of
-    # each rank's computing time. 5 ms measured 1.32x sooner to the target for sync and for
-    # adaptive (docs/benchmark.md); a collective waits at most one cycle longer to start.
+    # rank waiting for the others there spins, taking a large share of each rank's computing
+    # time; a 5 ms cycle reached the target sooner for sync and adaptive alike (docs/benchmark.md,
+    # "Where the defaults come from"); a collective waits at most one cycle longer to start.
     # Ranks under a CPU quota get a longer cycle (`cycle_ms`).
     os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{cycle if cycle is not None else HOROVOD_CYCLE_MS:g}")
     from hvd_adaptive.tfload import tf
     import horovod.tensorflow as hvd
 
     hvd.init()  # adopts the MPI world mpi4py initialized
-    if threads_for is not None:
-        threads = threads_for(hvd.rank())
-    comm = MPI.COMM_WORLD
     if hvd.size() != comm.Get_size():
         raise RuntimeError(
             f"Horovod sees {hvd.size()} ranks but MPI sees {comm.Get_size()}: launch with MPI "
@@ -226,8 +245,8 @@ def exit_process(code: int) -> NoReturn:
     """Ends this process with exit status `code`, without the interpreter's teardown.
 
     Once TensorFlow and Horovod are loaded, Python's teardown (freeing their modules and C++
-    state) takes about a second: 0.9-1.3 s of a 2-rank run of configs/tiny.yaml that takes
-    6.5 s in all, here. It does nothing a finished command needs, so the entry points that
+    state) takes a noticeable share of a short run (docs/benchmark.md, "Figures behind the
+    code's defaults"). It does nothing a finished command needs, so the entry points that
     start ranks (the CLI, the tests' programs under mpirun) end through this instead:
     the atexit handlers run as at a normal exit (a rank's cgroup removed, the shared counter's
     progress thread stopped, Horovod shut down, logging flushed), MPI is finalized (what mpi4py

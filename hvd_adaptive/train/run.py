@@ -31,33 +31,55 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False,
     check_inputs(cfg, run_dir)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
     from hvd_adaptive.parallel import distributed
-    from hvd_adaptive.train.algorithms import worker_threads
-    from hvd_adaptive.train.hetero import smallest_quota
 
-    # Thread pools are sized before TensorFlow starts: CPU workers of hogbatch may differ.
-    cluster = distributed.init(threads_for=lambda rank: worker_threads(cfg, rank),
-                               cycle=distributed.cycle_ms(smallest_quota(cfg.hetero,
-                                                                         cfg.train.threads or 1)))
+    cluster, (cfg,) = start_ranks([cfg])
     train_on(cluster, cfg, run_dir, choose_only)
     distributed.shutdown()
     return 0
 
 
+def start_ranks(cfgs: list[Config]):
+    """Starts this rank for runs of these configs and resolves them, once, before anything
+    reads them: MPI first (the only value resolution needs from the job is the ranks on this
+    node, for the default threads), then Horovod and TensorFlow with the thread pools and the
+    Horovod cycle the resolved configs give this rank.
+
+    Returns:
+        (distributed.Cluster, the resolved configs in order).
+
+    Raises:
+        ValueError: the configs ask this rank for different threads or Horovod cycles (pools
+            and the cycle are set once, when TensorFlow and Horovod start).
+    """
+    from hvd_adaptive.parallel import distributed
+    from hvd_adaptive.train.algorithms import worker_threads
+    from hvd_adaptive.train.hetero import smallest_quota
+
+    comm = distributed.start_mpi()
+    threads = distributed.default_threads(distributed.node_size(comm))
+    cfgs = [resolve(c, threads) for c in cfgs]
+    # CPU workers of hogbatch may run another thread count than the other ranks.
+    wanted = {worker_threads(c, comm.Get_rank()) for c in cfgs}
+    cycles = {distributed.cycle_ms(smallest_quota(c.hetero, c.train.threads)) for c in cfgs}
+    if len(wanted) > 1 or len(cycles) > 1:
+        raise ValueError(f"runs in one job must give rank {comm.Get_rank()} the same threads and "
+                         f"Horovod cycle, got threads {sorted(wanted)}, cycles {sorted(cycles)} ms")
+    return distributed.init(threads=wanted.pop(), cycle=cycles.pop()), cfgs
+
+
 def train_on(cluster, cfg: Config, run_dir: Optional[str], choose_only: bool = False) -> None:
-    """One run on ranks that have started (`distributed.init`, inputs checked): the config
-    resolved, the folder agreed, trained; any rank's failure ends the whole job.
+    """One run on ranks that have started (`distributed.init`, inputs checked): the folder
+    agreed, trained; any rank's failure ends the whole job.
 
     Args:
         cluster: this rank's distributed.Cluster.
-        cfg: the validated config.
+        cfg: the resolved config (config.resolve).
         run_dir: the run folder; default runs/<algorithm>-<time>, named by rank 0.
         choose_only: stop once the settings are chosen, before training.
     """
     from hvd_adaptive.parallel import distributed
     from hvd_adaptive.train import trainer
 
-    # What the run uses from here on, and what config.json says: no None left to resolve.
-    cfg = resolve(cfg, distributed.default_threads(cluster.local_size))
     with distributed.fail_fast(cluster):
         # Every rank must write to the same folder: rank 0 names it, the others receive it.
         name = run_dir or f"runs/{cfg.train.algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -12,12 +12,8 @@ data/loading.py, restoring and saving checkpoints in checkpoint.py (Checkpointer
 in evaluation.py, the run's files in runlog.py, a round's accounting in algorithms/base.py
 (RoundStats).
 
-Test hook: HVD_ADAPTIVE_FAIL_AT_ROUND=<round> (and optionally HVD_ADAPTIVE_FAIL_RANK=<rank>;
-default every rank) raises RuntimeError at the start of that round, to test fail-fast; with
-HVD_ADAPTIVE_FAIL_KIND=nan it writes NaN into the model's input layer instead, to test the
-non-finite guards. HVD_ADAPTIVE_SLOW_START=<rank>:<seconds> makes that rank enter its CPU quota
-that much later (no rank calibrates before all are in), HVD_ADAPTIVE_SLOW_EVAL=<rank>:<seconds>
-leave every evaluation that much later (no rank's evaluation reaches the training clock).
+The faults the test suite injects (a failing rank, NaN weights, a late start or evaluation)
+come from faults.py, read once from the environment.
 """
 from __future__ import annotations
 
@@ -32,16 +28,18 @@ from typing import Optional
 import numpy as np
 from hvd_adaptive.tfload import tf
 
-from hvd_adaptive.train import algorithms, tune
-from hvd_adaptive.train.algorithms.base import TIMES, TOTALS, RoundStats
-from hvd_adaptive.train.checkpoint import Checkpointer
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, check_fits, load_data, split_validation
-from hvd_adaptive.parallel.distributed import Cluster, allgather, mpi_control_variable, node_allgather
-from hvd_adaptive.train.evaluation import Evaluator
-from hvd_adaptive.train.hetero import Heterogeneity, check_profile
 from hvd_adaptive.model.metrics import inverse_propensities, most_frequent_label_p1
-from hvd_adaptive.model.network import Optimizer, SparseMLP
+from hvd_adaptive.model.network import SparseMLP
+from hvd_adaptive.parallel.distributed import Cluster, allgather, mpi_control_variable, node_allgather
+from hvd_adaptive.train import algorithms, tune
+from hvd_adaptive.train.algorithms.base import TIMES, TOTALS, RoundStats
+from hvd_adaptive.train.build import build_algorithm
+from hvd_adaptive.train.checkpoint import Checkpointer
+from hvd_adaptive.train.evaluation import Evaluator
+from hvd_adaptive.train.faults import Faults
+from hvd_adaptive.train.hetero import Heterogeneity, check_profile
 from hvd_adaptive.train.records import RunLog
 
 
@@ -70,10 +68,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         mine = cfg.hetero.cores[cluster.rank] if cluster.rank < len(cfg.hetero.cores) else 0.0
         check_profile(cfg.hetero.cores, cluster.rank, cluster.size, node_allgather(cluster.comm, mine))
     with tf.device(cluster.device):
-        model = SparseMLP(train_ds.n_features, train_ds.n_labels, cfg.model,
-                          label_freq=train_ds.label_frequencies())
-        opt = Optimizer.for_model(model, cfg.optim)
-        algo = algorithms.build(algorithms.Context(cfg, cluster, model, opt, train_ds, hetero))
+        algo = build_algorithm(cfg, cluster, train_ds, hetero)
         algo.setup()
         ckpt = Checkpointer(run_dir, cfg.checkpoint, cluster.comm, log.say)
         resumed = ckpt.restore(algo, log)
@@ -83,7 +78,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         run.warm_up()
         # The quota slows what the clock and the calibration measure, not the start-up before
         # them (tracing at a sixteenth of a core took tens of seconds).
-        _test_delay("HVD_ADAPTIVE_SLOW_START", cluster.rank)
+        run.faults.delay("start")
         quota = hetero.start(cluster.threads, tag=f"rank{cluster.rank}-{os.getpid()}")
         if quota:  # every rank may print: only the slowed ones have a quota
             print(f"[rank {cluster.rank}] {quota}\n", end="", flush=True)
@@ -168,6 +163,7 @@ class Trainer:
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
         self.evaluator: Optional[Evaluator] = None
+        self.faults = Faults.from_env(self.cluster.rank)
 
     def warm_up(self) -> None:
         """The evaluation's functions traced and run once (Evaluator.warm_up), before the clock
@@ -183,10 +179,9 @@ class Trainer:
         """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
         budget or the target; a final evaluation and checkpoint if the last round had none."""
         cfg, pos, log = self.cfg.train, self.position, self.log
-        fail_at, last_say = _failure_hook(self.cluster.rank), -1e9
+        last_say = -1e9
         while True:
-            if pos.rounds == fail_at:
-                _inject_failure(self.algo, pos.rounds)
+            self.faults.at_round(pos.rounds, self.algo)
             t0 = time.perf_counter()
             stats = self.algo.run_round()
             if stats is None:
@@ -272,7 +267,7 @@ class Trainer:
         # The ranks leave an evaluation at different times (rank 0 writes the record); the next
         # window starts together, so no rank's share of the evaluation lands on the training
         # clock as other ranks' wait or as rows the late rank never got to claim.
-        _test_delay("HVD_ADAPTIVE_SLOW_EVAL", self.cluster.rank)
+        self.faults.delay("eval")
         self.cluster.comm.Barrier()
 
     def save(self) -> None:
@@ -346,39 +341,15 @@ def _kept(evals: list[dict]) -> Optional[dict]:
     return {k: v for k, v in best.items() if k != "event"}
 
 
-def _failure_hook(rank: int) -> Optional[int]:
-    """Test hook (see the module docstring): the round at which this rank must fail, if any."""
-    at, who = os.environ.get("HVD_ADAPTIVE_FAIL_AT_ROUND"), os.environ.get("HVD_ADAPTIVE_FAIL_RANK")
-    if at is None or (who is not None and int(who) != rank):
-        return None
-    return int(at)
-
-
-def _inject_failure(algo, rnd: int) -> None:
-    """Test hook: NaN in the input layer (HVD_ADAPTIVE_FAIL_KIND=nan), else an exception."""
-    if os.environ.get("HVD_ADAPTIVE_FAIL_KIND") == "nan":
-        w = algo.model.variables_list[0]
-        w.assign(tf.fill(tf.shape(w), float("nan")))
-    else:
-        raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
-
-
-def _test_delay(variable: str, rank: int) -> None:
-    """Test hooks (see the module docstring): `variable`=<rank>:<seconds> makes that rank sleep."""
-    who, _, seconds = os.environ.get(variable, "").partition(":")
-    if who and int(who) == rank:
-        time.sleep(float(seconds))
-
-
 NORM_ROWS = 16384  # rows of a variable weight_stats reads at a time
 
 
 def weight_stats(variables) -> tuple[bool, float]:
     """Whether every weight is finite, and the weights' L2 norm, reading at most NORM_ROWS rows
     of a variable at a time (tf.gather: a variable trained with sparse updates copies itself
-    whole on every plain read). `v * v` of the whole input layer (135,909 x 128 at 13,402
-    labels) made a fresh temporary each evaluation: 0.7-1.8 s at the first and about 0.1 s
-    later, different on every rank, at a quarter core with 8 ranks (docs/benchmark.md)."""
+    whole on every plain read). `v * v` of the whole input layer made a fresh temporary of it
+    each evaluation, slow and different on every rank at quarter-core ranks (docs/benchmark.md,
+    "Figures behind the code's defaults")."""
     finite, total = True, 0.0
     for v in variables:
         rows = int(v.shape[0]) if v.shape.rank else 0

@@ -2,7 +2,7 @@
 
 Run (after `bash launch/setup.sh --slurm`):
 
-    .venv/bin/python -m pytest tests/test_multinode.py -m multinode
+    .venv/bin/python -m pytest tests/cluster/test_multinode.py
 
 Two nodes, each a network + UTS namespace with its own address and hostname; the ranks of one
 node share memory, the nodes talk TCP over a bridge. What is checked across nodes, and what
@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import REPO, job_group, mpi_env, records, run
-from nodes import Nodes, available, remove_stale
+from tests.harness.mpirun import REPO, job_group, mpi_env, records, run
+from tests.harness.nodes import Nodes, available, remove_stale
 
-pytestmark = [pytest.mark.multinode, pytest.mark.mpi]
 
 UCX = {"osc": "ucx"}  # one-sided MPI across nodes (the shared counter); docs/multinode.md
 # launch/train_nodes.sh's TCP keepalive on mpirun's daemon connections ends a job whose node
@@ -59,7 +58,7 @@ def _explain(p) -> str:
 
 def test_a_killed_harness_leaves_nothing_behind_once_the_next_one_starts():
     """Nodes of a process killed midway (no finally ran) go with the next harness's start."""
-    code = ("import subprocess, sys, time; sys.path.insert(0, 'tests/harness'); from nodes import Nodes\n"
+    code = ("import subprocess, sys, time; from tests.harness.nodes import Nodes\n"
             "n = Nodes(2).__enter__()\n"
             "p = subprocess.Popen(n.on(1, ['sleep', '300']), start_new_session=True)\n"
             "print(n.tag, p.pid, flush=True); time.sleep(300)")
@@ -98,7 +97,7 @@ def test_a_thread_level_below_multiple_is_refused_at_start():
 
 def test_mpi_sees_separate_nodes_and_the_counter_crosses_them(nodes):
     """No TensorFlow: what OpenMPI sees, the counter under osc ucx, the fallback without it."""
-    p = on_nodes(nodes, 2, ["tests/parallel/check_nodes.py", "500"], timeout=60, mca=UCX)
+    p = on_nodes(nodes, 2, ["tests/cluster/ranks/multinode_nodes_ranks.py", "500"], timeout=60, mca=UCX)
     assert p.returncode == 0, _explain(p)
     ranks = next(json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("nodes "))
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3], ranks
@@ -109,13 +108,13 @@ def test_mpi_sees_separate_nodes_and_the_counter_crosses_them(nodes):
 
     # OpenMPI's default one-sided component cannot make the window across nodes: every rank
     # falls back together, with one warning for the job.
-    p = on_nodes(nodes, 2, ["tests/parallel/check_nodes.py", "500"], timeout=60)
+    p = on_nodes(nodes, 2, ["tests/cluster/ranks/multinode_nodes_ranks.py", "500"], timeout=60)
     assert p.returncode == 0 and "counter fallback" in p.stdout, _explain(p)
     assert p.stderr.count("warning: MPI one-sided windows do not work") == 1, _explain(p)
 
     # Shared memory reaches only the ranks of one node: with it alone, MPI cannot connect
     # ranks on different nodes (so between nodes the default configuration uses TCP).
-    p = on_nodes(nodes, 2, ["tests/parallel/check_nodes.py", "500"], timeout=60,
+    p = on_nodes(nodes, 2, ["tests/cluster/ranks/multinode_nodes_ranks.py", "500"], timeout=60,
                  mca={"btl": "self,vader"})
     assert p.returncode != 0, _explain(p)
     assert "unable to reach each other" in p.stdout + p.stderr, _explain(p)
@@ -127,7 +126,7 @@ def test_mpi_sees_separate_nodes_and_the_counter_crosses_them(nodes):
     (1, {}, "fallback"),   # 2 nodes x 1 rank, default osc: the static scheduler
 ], ids=["2x2-counter", "2x1-fallback"])
 def test_sync_and_adaptive_train_across_nodes(nodes, per_node, mca, expect):
-    p = on_nodes(nodes, per_node, ["tests/parallel/check_multinode.py", expect], mca=mca)
+    p = on_nodes(nodes, per_node, ["tests/cluster/ranks/multinode_ranks.py", expect], mca=mca)
     assert p.returncode == 0, _explain(p)
     assert f"multinode ok ({expect})" in p.stdout, _explain(p)
     print(p.stdout)
@@ -250,7 +249,7 @@ def test_faults_across_nodes_and_resume_on_other_layouts(nodes, tmp_path):
 # ---- Slurm: one slurmd per node ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def node_cluster(nodes):
-    from slurm_cluster import SlurmCluster, slurm_available
+    from tests.harness.slurm_cluster import SlurmCluster, slurm_available
 
     if not slurm_available():
         pytest.fail("Slurm, munge or root is missing: run `bash launch/setup.sh --slurm` as root",
@@ -264,7 +263,6 @@ def node_cluster(nodes):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-@pytest.mark.slurm
 def test_train_sbatch_on_two_nodes(nodes, node_cluster):
     """`sbatch --nodes=2 --ntasks-per-node=2 slurm/train.sbatch` under a cluster profile: each
     rank's quota in its own cgroup on its own node. Adaptive (the default), which learns faster

@@ -2,7 +2,7 @@
 
 Run (as root, after `bash launch/setup.sh --slurm`):
 
-    .venv/bin/python -m pytest tests/test_slurm_cluster.py -m slurm
+    .venv/bin/python -m pytest tests/cluster/test_slurm_cluster.py
 
 About 15 s: bring-up takes about a second, each job a second or two (polled every 0.1 s).
 """
@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import SlurmCluster
-
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
+from tests.harness.mpirun import REPO
+from tests.harness.slurm_cluster import SlurmCluster
 
 JOB_TIMEOUT = 120
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _explain(cluster: SlurmCluster, result, out: Path | None = None) -> str:
@@ -107,7 +105,7 @@ def test_sweep_sbatch_runs_one_point_per_array_element(cluster, stand_in_venv):
 def test_the_clusters_ports_lie_below_the_ephemeral_range():
     """Ports the kernel picks for connections inside the namespaced nodes cannot be the ones a
     node's slurmd must bind there (slurm_cluster._free_port)."""
-    from slurm_cluster import _ephemeral_low, _free_port
+    from tests.harness.slurm_cluster import _ephemeral_low, _free_port
 
     lo = _ephemeral_low()
     ports = {_free_port() for _ in range(20)}

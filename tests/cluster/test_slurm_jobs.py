@@ -2,7 +2,7 @@
 
 Run (as root, after `bash launch/setup.sh --slurm`):
 
-    .venv/bin/python -m pytest tests/test_slurm_jobs.py -m slurm
+    .venv/bin/python -m pytest tests/cluster/test_slurm_jobs.py
 
 Jobs are submitted from the repository root, as the scripts' headers say, so they find the
 venv as $SLURM_SUBMIT_DIR/.venv (or HVD_ADAPTIVE_VENV when set) and the relative config paths.
@@ -18,10 +18,9 @@ import pytest
 
 from hvd_adaptive.cli import main as cli_main
 from hvd_adaptive.bench.sweep import expand
-from mpirun import REPO
-from slurm_cluster import SlurmCluster
+from tests.harness.mpirun import REPO
+from tests.harness.slurm_cluster import SlurmCluster
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
 JOB_TIMEOUT = 240
 

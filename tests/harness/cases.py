@@ -1,8 +1,8 @@
 """Runs a rank-side check once per command-line case, all in one set of ranks.
 
-The programs in tests/parallel import it by name (the harness's mpi_env puts tests/harness on
-PYTHONPATH). TensorFlow and Horovod start once for all the cases, which is most of a short
-job's time.
+The ranks' programs (tests/mpi/ranks, tests/cluster/ranks) import it as tests.harness.cases
+(the harness's mpi_env puts the repository on PYTHONPATH). TensorFlow and Horovod start once
+for all the cases, which is most of a short job's time.
 """
 import sys
 from typing import Callable

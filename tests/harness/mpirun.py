@@ -13,7 +13,6 @@ from typing import Iterator
 from hvd_adaptive.train.run import mpirun_command
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = Path(__file__).resolve().parent
 
 # Pieces of the lines TensorFlow (through absl) prints at start-up in every process that imports
 # it: the ranks, and horovodrun itself (it imports TensorFlow to check Horovod's build).
@@ -30,8 +29,8 @@ def mpi_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               # The ranks' programs in tests/parallel import the harness's real_algorithm.
-               PYTHONPATH=os.pathsep.join([str(REPO), str(HARNESS), env.get("PYTHONPATH", "")]))
+               # The ranks' programs (tests/*/ranks) import the harness as the package tests.harness.
+               PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
 
@@ -101,7 +100,7 @@ def train(n: int, run_dir: Path, *sets: str, config: str = "configs/tiny.yaml",
 def train_many(n: int, runs: dict[str, tuple[Path, tuple[str, ...]]],
                config: str = "configs/tiny.yaml", timeout: float = 300) -> dict[str, dict]:
     """Several runs, {name: (run folder, sets)}, one after another in one job of n ranks
-    (tests/parallel/train_runs.py); returns {name: summary.json} (asserts success)."""
+    (tests/harness/train_runs.py); returns {name: summary.json} (asserts success)."""
     return train_many_job(n, runs, config, timeout)[0]
 
 
@@ -114,7 +113,7 @@ def train_many_job(n: int, runs: dict[str, tuple[Path, tuple[str, ...]]],
         spec = run_dir.parent / f"{run_dir.name}.{name}.run.json"  # runs may share a folder
         spec.write_text(json.dumps({"config": config, "run_dir": str(run_dir), "sets": list(sets)}))
         specs.append(str(spec))
-    p = mpirun(n, ["tests/parallel/train_runs.py", *specs], timeout=timeout)
+    p = mpirun(n, ["tests/harness/train_runs.py", *specs], timeout=timeout)
     assert p.returncode == 0, explain(p)
     return ({name: json.loads((run_dir / "summary.json").read_text()) for name, (run_dir, _) in runs.items()},
             p.stdout)
@@ -134,3 +133,19 @@ def explain(p: subprocess.CompletedProcess) -> str:
     head = err[first:first + 4000] if first >= 0 else ""
     return (f"exit {p.returncode}\nstdout:\n{p.stdout[-2000:]}\nfirst traceback:\n{head}\n"
             f"stderr tail:\n{err[-2000:]}")
+
+
+def train_tiny(args: list[str], ranks: int = 2, **env: str) -> subprocess.CompletedProcess:
+    """`hvd-adaptive train --config configs/tiny.yaml ARGS` on `ranks` ranks (1: no launcher;
+    0: one process that must end before TensorFlow starts, see mpirun.before_tf)."""
+    argv = ["train", "--config", "configs/tiny.yaml", *args]
+    if ranks > 1:
+        return mpirun(ranks, ["-m", "hvd_adaptive.cli", *argv], timeout=120, **env)
+    if ranks == 0:
+        return before_tf(argv, **env)
+    return run([sys.executable, "-m", "hvd_adaptive.cli", *argv], 120, mpi_env(**env))
+
+
+def set_args(**kv) -> list[str]:
+    """`--set key=value` arguments; a double underscore in a keyword stands for a dot."""
+    return [a for k, v in kv.items() for a in ("--set", f"{k.replace('__', '.')}={v}")]

@@ -1,19 +1,19 @@
 """Shared by the checks that drive a real algorithm under mpirun: build it, spy on its batches.
 
-The checks import this module by name: the harness's mpi_env puts tests/harness on PYTHONPATH
-when mpirun starts `python tests/parallel/check_*.py`.
+The ranks' programs import it as tests.harness.real_algorithm: the harness's mpi_env puts the
+repository on PYTHONPATH when mpirun starts `python tests/mpi/ranks/<test>_ranks.py`.
 """
 import time
 
 import numpy as np
 
-from hvd_adaptive.train import algorithms
-from hvd_adaptive.train.hetero import Heterogeneity
-from hvd_adaptive.model.network import Optimizer, SparseMLP
+from hvd_adaptive.config import resolve
+from hvd_adaptive.train.build import build_algorithm
 
 
 def build(cfg, c, train, ready: bool = True):
-    """The configured algorithm on a fresh model, as the trainer builds it.
+    """The configured algorithm on a fresh model, built as the trainer builds it
+    (train/build.py), from the config resolved as a run resolves it.
 
     Args:
         cfg: The run's config (train.algorithm names the algorithm).
@@ -21,9 +21,7 @@ def build(cfg, c, train, ready: bool = True):
         train: The training set (data.load_data).
         ready: Also set it up and trace its steps (the trainer's order), else only construct.
     """
-    model = SparseMLP(train.n_features, train.n_labels, cfg.model)
-    algo = algorithms.build(algorithms.Context(cfg, c, model, Optimizer.for_model(model, cfg.optim),
-                                               train, Heterogeneity(cfg.hetero, c.rank)))
+    algo = build_algorithm(resolve(cfg, c.threads), c, train)
     if ready:
         algo.setup()
         algo.trace()

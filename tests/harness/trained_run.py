@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from hvd_adaptive.data import preset, synth_to_files
-from mpirun import REPO, mpi_env, mpirun, records, train_many
+from tests.harness.mpirun import REPO, mpi_env, mpirun, records, train_many
 
 # configs/tiny.yaml's data (2,000 train / 500 test rows, 2,000 features, 100 labels) as files.
 TINY = dict(scale=0.1, n_train=2000, n_test=500, n_features=2000, n_labels=100, nnz_mean=30,

@@ -1,21 +1,12 @@
-"""Adaptive SGD and the baselines on 2 real MPI ranks (issue: adaptive SGD and baselines)."""
+"""Adaptive SGD and the baselines on real MPI ranks: dynamic scheduling, the batch-size rules,
+the static scheduler, the merge rule window by window, learning rates and merge weights."""
 import json
 
 import numpy as np
 import pytest
 
 from hvd_adaptive.train import balance
-from hvd_adaptive.train.algorithms.base import chunks
-from mpirun import explain, mpirun, records, train_many
-
-
-@pytest.mark.parametrize("total, size", [(10, 4), (9, 4), (8, 4), (3, 4), (0, 4), (1617, 512), (1, 1)])
-def test_chunks_cover_every_row_once_without_tiny_tails(total, size):
-    parts = chunks(total, size)
-    assert [x for lo, hi in parts for x in range(lo, hi)] == list(range(total))
-    if len(parts) > 1:
-        assert all(hi - lo >= size / 2 for lo, hi in parts)
-        assert all(hi - lo < 1.5 * size for lo, hi in parts)
+from tests.harness.mpirun import explain, mpirun, records, train_many
 
 
 SCHEDULED = ["adaptive", "sync", "local", "sma", "hogbatch", "auto"]
@@ -24,17 +15,15 @@ SCHEDULED = ["adaptive", "sync", "local", "sma", "hogbatch", "auto"]
 @pytest.fixture(scope="module")
 def scheduling():
     """check_scheduling.py for every algorithm, one after another in one 2-rank job."""
-    return mpirun(2, ["tests/parallel/check_scheduling.py", *SCHEDULED, "guided"], timeout=300)
+    return mpirun(2, ["tests/mpi/ranks/algorithms_scheduling_ranks.py", *SCHEDULED, "guided"], timeout=300)
 
 
-@pytest.mark.mpi
 @pytest.mark.parametrize("name", SCHEDULED)
 def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(scheduling, name):
     p = scheduling
     assert f"scheduling ok ({name})" in p.stdout and p.returncode == 0, explain(p)
 
 
-@pytest.mark.mpi
 def test_guided_claims_shrink_as_a_windows_rows_run_out(scheduling):
     # adaptive.guided: the last claims of a window take a share of the rows left, so the ranks
     # reach the merge within a small batch of each other (check_scheduling.py, case guided).
@@ -99,7 +88,6 @@ def _balance(run):
     return counts, sizes
 
 
-@pytest.mark.mpi
 def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(runs):
     counts, sizes = _balance(runs["proportional"])
     assert sizes[-1][1] < sizes[-1][0], f"slow rank kept a batch as large as the fast one: {sizes}"
@@ -116,7 +104,6 @@ def test_batch_sizes_balance_update_counts_under_a_2x_slowdown(runs):
     assert abs(kept[0] - kept[1]) / kept.max() <= 0.15, (counts.tolist(), sizes)
 
 
-@pytest.mark.mpi
 def test_additive_rule_moves_batch_sizes_toward_balance(runs):
     # The papers' rule moves a batch by one step whenever the shares differ, so counts keep
     # oscillating by about a step around the balance point (docs/algorithms.md; near batch 64
@@ -129,7 +116,6 @@ def test_additive_rule_moves_batch_sizes_toward_balance(runs):
     assert np.mean(slow[-5:]) < 0.6 * np.mean([s[0] for s in sizes[-5:]]), sizes
 
 
-@pytest.mark.mpi
 def test_static_scheduler_follows_measured_speed(runs):
     rounds = records(runs["static"], "round")
     rows = np.array([[r["samples"] for r in rec["ranks"]] for rec in rounds], float)
@@ -156,12 +142,11 @@ MERGES = {2: ["plain", "momentum", "dense_sampled", "float16", "rowwise"],
 @pytest.fixture(scope="module")
 def merges():
     """check_merge.py's modes, one job per rank count (each job runs its modes in turn)."""
-    return {n: mpirun(n, ["tests/parallel/check_merge.py", *modes], timeout=300)
+    return {n: mpirun(n, ["tests/mpi/ranks/algorithms_merge_ranks.py", *modes], timeout=300)
             for n, modes in MERGES.items()}
 
 
 @pytest.mark.parametrize("mode,ranks", [(m, n) for n, modes in MERGES.items() for m in modes])
-@pytest.mark.mpi
 def test_adaptive_merge_follows_its_rule_window_by_window(merges, mode, ranks):
     """Sparse and dense merges (on 2 and 3 real ranks) against the rule computed in numpy."""
     p = merges[ranks]
@@ -174,7 +159,6 @@ def rules_run(runs):
     return run, json.loads((run / "config.json").read_text())
 
 
-@pytest.mark.mpi
 def test_each_ranks_learning_rate_follows_warm_up_decay_and_its_batch_size(rules_run):
     run, cfg = rules_run
     a, lr0 = cfg["adaptive"], cfg["optim"]["lr"]
@@ -197,7 +181,6 @@ def test_each_ranks_learning_rate_follows_warm_up_decay_and_its_batch_size(rules
     assert all(seen.values()), seen  # every part of the rule was exercised
 
 
-@pytest.mark.mpi
 def test_merge_weights_are_row_shares_tilted_while_the_weight_norm_shrinks(rules_run):
     run, cfg = rules_run
     factor = cfg["adaptive"]["norm_factor"]
@@ -221,7 +204,6 @@ def test_merge_weights_are_row_shares_tilted_while_the_weight_norm_shrinks(rules
     assert all(seen.values()), seen
 
 
-@pytest.mark.mpi
 def test_the_algorithm_hears_each_evaluations_weight_norm(rules_run):
     # The trainer hands the eval record's weight_norm to Algorithm.on_eval for every algorithm;
     # adaptive keeps the last one (its normalization trend), and so does its final checkpoint.

@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.data import parse_file
-from mpirun import REPO, mpi_env
-from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
+from tests.harness.mpirun import mpi_env
+from tests.harness.trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
                          read_predictions)
 
-pytestmark = pytest.mark.mpi  # every test here uses a trained run (TensorFlow, a whole training)
 
 # Reads XC rows with plain Python and serves them through the SavedModel's signature.
 LOADER = r"""

@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import explain, mpirun, records, train
+from tests.harness.mpirun import explain, mpirun, records, train
 
-pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 # Steps of tens of milliseconds, so that the injected slowdown dominates timing noise.
 WORKLOAD = ("data.synth.n_labels=5000", "model.hidden=[128]", "train.batch_size=128",
@@ -33,9 +32,9 @@ ALGOS = {"sync": [], "local": [], "sma": [], "adaptive": ["adaptive.b_min=128"],
 @pytest.fixture(scope="module")
 def accounts():
     """{algorithm: its rounds' per-rank records}: WORKLOAD with SLOW for every algorithm, one
-    after another in one 2-rank job (tests/parallel/check_fairness.py)."""
+    after another in one 2-rank job (tests/mpi/ranks/fairness_ranks.py)."""
     plan = {"sets": [*WORKLOAD, SLOW], "algorithms": ALGOS}
-    p = mpirun(2, ["tests/parallel/check_fairness.py", json.dumps(plan)], timeout=300)
+    p = mpirun(2, ["tests/mpi/ranks/fairness_ranks.py", json.dumps(plan)], timeout=300)
     assert p.returncode == 0, explain(p)
     out = {}
     for line in p.stdout.splitlines():

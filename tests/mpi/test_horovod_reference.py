@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from mpirun import explain, mpirun, records, train
+from tests.harness.mpirun import explain, mpirun, records, train
 
-pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep", "rowwise_adagrad:acc"]
 
@@ -16,7 +15,7 @@ CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep"
 @pytest.fixture(scope="module")
 def reference():
     """check_horovod_reference.py's cases, one after another in one 2-rank job."""
-    return mpirun(2, ["tests/parallel/check_horovod_reference.py", *CASES], timeout=300)
+    return mpirun(2, ["tests/mpi/ranks/horovod_reference_ranks.py", *CASES], timeout=300)
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -3,11 +3,7 @@ under horovodrun on the default config (cut to half an epoch)."""
 import json
 import os
 
-import pytest
-
-from mpirun import run as run_job, start_up_lines
-
-pytestmark = pytest.mark.mpi  # horovodrun starts real MPI ranks
+from tests.harness.mpirun import run as run_job, start_up_lines
 
 
 def test_train_sh_two_ranks_under_horovodrun(tmp_path):

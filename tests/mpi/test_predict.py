@@ -4,16 +4,13 @@ input's message."""
 import json
 import shutil
 
-import numpy as np
 import pytest
 
 from hvd_adaptive.cli import main
 from hvd_adaptive.data import parse_file
 from hvd_adaptive.model.metrics import finalize, metric_sums
-from trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
+from tests.harness.trained_run import (check_against_numpy, cli, folder_hash, last_eval, numpy_softmax,
                          read_predictions)
-
-pytestmark = pytest.mark.mpi  # every test here uses a trained run (mpirun, TensorFlow)
 
 
 @pytest.fixture(scope="module")

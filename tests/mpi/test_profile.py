@@ -1,5 +1,5 @@
-"""A cluster profile on one machine (issue: a heterogeneous cluster of ranks): `hetero.cores`
-gives every rank its own real cgroup CPU quota (hvd_adaptive/train/hetero.py)."""
+"""A cluster profile on one machine: `hetero.cores` gives every rank its own real cgroup CPU
+quota (hvd_adaptive/train/hetero.py), removed again even when ranks are killed."""
 import os
 import re
 import signal
@@ -10,10 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvd_adaptive.config import ConfigError, load_config
-from hvd_adaptive.train.hetero import check_profile
 from hvd_adaptive.train.run import mpirun_command
-from mpirun import REPO, explain, job_group, mpi_env, mpirun, records, train, train_args
+from tests.harness.mpirun import REPO, explain, job_group, mpi_env, mpirun, records, train, train_args
 
 CPU = Path("/sys/fs/cgroup/cpu")
 PROFILE = "hetero.cores=[0.25, 0.25, 0.25, 0.0625]"
@@ -24,32 +22,11 @@ def left_behind() -> list[Path]:
     return sorted(CPU.glob("hvd_adaptive-rank*"))
 
 
-@pytest.mark.parametrize("sets, message", [
-    (["hetero.cores=[0.5, 0]", "hetero.mode=cpu_quota"], r"hetero.cores: every rank's cores must be > 0"),
-    (["hetero.cores=[0.5, 0.5]"], r"hetero.cores: .* set hetero.mode=cpu_quota \(got sleep\)"),
-    (["hetero.cores=[0.5, 0.5]", "hetero.mode=cpu_quota", "hetero.slowdown={1: 2}"],
-     r"hetero.cores: gives each rank's speed directly"),
-])
-def test_bad_profiles_in_the_config_are_clear_errors(sets, message):
-    with pytest.raises(ConfigError, match=message):
-        load_config("configs/tiny.yaml", sets)
-
-
-def test_a_profile_must_fit_the_job_and_the_node():
-    node = len(os.sched_getaffinity(0))
-    check_profile([0.5, 0.25], 0, 2, [0.5, 0.25])  # fits: no error
-    with pytest.raises(ConfigError, match=r"hetero.cores: the profile has 3 entries for 2 rank"):
-        check_profile([0.5, 0.5, 0.5], 0, 2, [0.5, 0.5])
-    with pytest.raises(ConfigError, match=rf"rank 1's node ask for {node + 1:g} cores .* node has {node}"):
-        check_profile([node / 2 + 0.5] * 2, 1, 2, [node / 2 + 0.5] * 2)
-
-
 # Steps of about 10 ms of one core: the tiny config's steps (under 1 ms) are shorter than a
 # sixteenth core's 1 ms slice of its quota, so that rank's throttling, not its share, set its pace.
 STEP_WORK = ("train.batch_size=256", "model.hidden=[256]", "data.synth.n_labels=1000")
 
 
-@pytest.mark.mpi
 def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_path):
     s = train(4, tmp_path / "run", PROFILE, *QUOTA, *STEP_WORK, "train.algorithm=adaptive",
               "train.epochs=1", "train.calibrate_s=2", timeout=300)
@@ -71,7 +48,6 @@ def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_pa
     assert not left_behind(), "the run left its cgroups behind"
 
 
-@pytest.mark.mpi
 def test_a_profile_larger_than_the_node_is_refused_before_training(tmp_path):
     node = len(os.sched_getaffinity(0))
     p = mpirun(2, train_args(tmp_path / "run", f"hetero.cores=[{node}, 1]", *QUOTA), timeout=120)
@@ -82,7 +58,6 @@ def test_a_profile_larger_than_the_node_is_refused_before_training(tmp_path):
     assert not left_behind()
 
 
-@pytest.mark.mpi
 def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
     cmd, _ = mpirun_command(2, train_args(tmp_path / "run", "hetero.cores=[0.5, 0.5]", *QUOTA,
                                           "train.epochs=1000"))
@@ -105,7 +80,6 @@ def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
         assert not left_behind(), f"killed ranks left their cgroups: {left_behind()}"
 
 
-@pytest.mark.mpi
 def test_bench_merge_times_both_wire_types_inside_real_quotas_and_removes_them():
     """`python -m hvd_adaptive.bench.merge_cost --touched --core --dtypes`: the sparse merge as adaptive
     SGD makes it, each rank in its own cgroup quota (read back), float16 moving half the bytes."""

@@ -13,9 +13,8 @@ import shutil
 import pytest
 
 from hvd_adaptive.train.balance import MODES, choose_mode
-from mpirun import before_tf, mpirun, records, train_many
+from tests.harness.mpirun import before_tf, mpirun, records, train_many
 
-pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 # 4 epochs of the tiny config: 16 rounds of 512 rows (hogbatch: 8 rounds of half an epoch).
 BASE = ("train.epochs=4", "train.eval_every=2", "hogbatch.round_epochs=0.5")

@@ -1,12 +1,12 @@
 """What real 2-rank runs leave behind: TensorBoard events beside metrics.jsonl holding the
-records' scalars, and a stderr without TensorFlow's start-up messages that still shows errors."""
+records' scalars, the clock and calibration around evaluations and quotas, and a stderr
+without TensorFlow's start-up messages that still shows errors."""
 import json
-import subprocess
-import sys
 
 import pytest
 
-from mpirun import REPO, mpi_env, mpirun, records, start_up_lines
+from tests.harness.mpirun import mpirun, records, start_up_lines
+from tests.harness.events import read_events
 
 # The environment asks for every message: the run must keep them back unless --verbose.
 LOUD = {"TF_CPP_MIN_LOG_LEVEL": "0"}
@@ -30,7 +30,6 @@ def finished(tmp_path_factory):
 SLOW_EVAL_S = 1.5
 
 
-@pytest.mark.mpi
 def test_a_rank_that_leaves_an_evaluation_late_costs_the_training_clock_nothing(finished):
     # The windows after an evaluation start together (trainer.evaluate ends in a barrier);
     # without it rank 0 waited for rank 1 in the next window's first allreduce, on the clock.
@@ -42,7 +41,6 @@ def test_a_rank_that_leaves_an_evaluation_late_costs_the_training_clock_nothing(
     assert longest < SLOW_EVAL_S / 2, f"a round took {longest:.2f} s: {walls}"
 
 
-@pytest.mark.mpi
 def test_no_rank_calibrates_before_every_rank_is_in_its_quota(finished):
     # A barrier before the calibration: without it rank 0 calibrated while rank 1 was still
     # starting up (on full cores, where a quota was due) and then waited for it in the rates'
@@ -51,7 +49,6 @@ def test_no_rank_calibrates_before_every_rank_is_in_its_quota(finished):
     assert start["calibration_s"] < SLOW_EVAL_S / 2, start
 
 
-@pytest.mark.mpi
 def test_a_round_holds_two_batches_a_rank_when_the_window_is_smaller(finished):
     start = records(finished[0], "start")[0]
     assert start["window_rows"] == 256, start
@@ -61,22 +58,6 @@ def test_a_round_holds_two_batches_a_rank_when_the_window_is_smaller(finished):
     assert rows[-1] == 2 * 2000
 
 
-def read_events(folder):
-    """{tag: [(step, value), ...]} from every events file in `folder`."""
-    import tensorflow as tf
-
-    out = {}
-    files = sorted(folder.glob("events.out.tfevents.*"))
-    for path in files:
-        for raw in tf.data.TFRecordDataset(str(path)):
-            event = tf.compat.v1.Event.FromString(raw.numpy())
-            for v in event.summary.value:
-                assert v.metadata.plugin_data.plugin_name == "scalars", v.tag  # TensorBoard's kind
-                out.setdefault(v.tag, []).append((event.step, float(tf.make_ndarray(v.tensor))))
-    return files, out
-
-
-@pytest.mark.mpi
 def test_tensorboard_events_hold_the_records_scalars(finished):
     run_dir, _ = finished
     files, tags = read_events(run_dir / "tb")
@@ -103,7 +84,6 @@ def test_tensorboard_events_hold_the_records_scalars(finished):
     assert len(tags["train/rows_per_s"]) == len(rounds) and all(v > 0 for _, v in tags["train/rows_per_s"])
 
 
-@pytest.mark.mpi
 def test_no_start_up_messages_on_stderr(finished):
     _, p = finished
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
@@ -121,7 +101,6 @@ def failed(tmp_path_factory):
     return run_dir, p
 
 
-@pytest.mark.mpi
 def test_ranks_yield_their_core_while_waiting_in_mpi_unless_told_to_spin(finished, failed):
     # Two ranks on this node's two cores are not oversubscribed, where OpenMPI spins by default;
     # the start record holds the value MPI runs with (read back through MPI_T), not the request.
@@ -129,7 +108,6 @@ def test_ranks_yield_their_core_while_waiting_in_mpi_unless_told_to_spin(finishe
     assert records(failed[0], "start")[0]["mpi_yield_when_idle"] == 0  # an exported value wins
 
 
-@pytest.mark.mpi
 def test_errors_still_reach_stderr(failed):
     _, p = failed
     assert p.returncode != 0
@@ -137,61 +115,3 @@ def test_errors_still_reach_stderr(failed):
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
 
 
-def test_verbose_shows_them():
-    # What `--verbose` does before TensorFlow loads, in one process (no ranks needed), even
-    # where the environment asks for quiet (mpi_env sets TF_CPP_MIN_LOG_LEVEL=2).
-    code = ("from hvd_adaptive.train.run import quiet_tensorflow; quiet_tensorflow(verbose=True); "
-            "import tensorflow as tf; tf.constant(1.0) + 1")
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert start_up_lines(p.stderr), p.stderr[-3000:]
-
-
-def test_start_up_filter_drops_absl_info_lines_and_keeps_the_rest():
-    """What hvd_adaptive.tfload keeps of the first TensorFlow import's stderr where quiet is asked
-    for (on hosts where TensorFlow prints its start-up lines whatever TF_CPP_MIN_LOG_LEVEL says),
-    and launch/train.sh of horovodrun's."""
-    from hvd_adaptive.tflines import start_up_filter
-
-    notice = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-    info = (b"I0000 00:00:1795553424.558654    6481 port.cc:153] oneDNN custom operations are on. "
-            b"You may see slightly different numerical results.\n")
-    info_dated = b"I1124 20:37:25.123456  812 cpu_feature_guard.cc:227] This TensorFlow binary\n"
-    keep = [b"W0000 00:00:1795553424.6    6481 loader.cc:12] a warning stays\n",
-            b"E1124 20:37:25.5  812 op.cc:9] an error stays\n",
-            b"Traceback (most recent call last):\n", b"ImportError: I0000 is not a prefix here\n",
-            b"some INFO text that is not absl's\n"]
-    text = notice + info + keep[0] + notice + info_dated + b"".join(keep[1:])
-    assert start_up_filter(text) == b"".join(keep)
-    assert start_up_filter(b"") == b""
-
-
-def test_start_up_lines_filtered_also_when_matplotlib_came_first():
-    """A program that imported matplotlib before the package loads TensorFlow (pyplot's import
-    is then its own business) still gets TensorFlow's start-up lines filtered."""
-    code = "import matplotlib\nfrom hvd_adaptive.tfload import tf\ntf.constant(1.0) + 1"
-    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=mpi_env(), capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
-
-
-def test_new_run_replaces_old_events_resumed_run_adds(tmp_path):
-    from hvd_adaptive.train.records import RunLog
-
-    def session(first: str, p1: float, samples: int):
-        log = RunLog(tmp_path, active=True)
-        log.record(event=first, wall_s=1.0)
-        log.record(event="eval", wall_s=2.0, epoch=1.0, samples=samples, p_at_1=p1)
-        log.close()
-
-    session("start", 0.1, 100)
-    session("start", 0.2, 100)  # a new run in the same folder: the first run's curve goes
-    files, tags = read_events(tmp_path / "tb")
-    assert len(files) == 1 and tags["eval/p_at_1"] == [(100, pytest.approx(0.2))]
-    session("resume", 0.3, 200)  # a resumed run continues the curve
-    files, tags = read_events(tmp_path / "tb")
-    assert len(files) == 2
-    assert sorted(tags["eval/p_at_1"]) == [(100, pytest.approx(0.2)), (200, pytest.approx(0.3))]
-    assert not RunLog(tmp_path / "other", active=False).dir.exists()  # other ranks write nothing

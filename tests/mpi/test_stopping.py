@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from mpirun import train_many_job
+from tests.harness.mpirun import train_many_job
 
-pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
 
 # Sync on the tiny config is deterministic: its P@1 at the evaluations every half epoch was
 # 0.254, 0.346, 0.42 (epoch 1.5), ... 0.758 at epoch 10, so this target stops it at epoch 1.5.

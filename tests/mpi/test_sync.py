@@ -2,9 +2,7 @@
 import numpy as np
 import pytest
 
-from mpirun import explain, mpirun, records
-
-pytestmark = pytest.mark.mpi  # every test here starts real MPI ranks
+from tests.harness.mpirun import explain, mpirun, records
 
 
 def test_sync_two_ranks_learns_and_keeps_replicas_identical(sync_reference):
@@ -32,7 +30,7 @@ CASES = [("equal", "sgd"), ("proportional", "sgd"), ("sharded", "adagrad"),
 @pytest.fixture(scope="module")
 def equivalence():
     """check_sync_equivalence.py's cases, one after another in one 2-rank job."""
-    return mpirun(2, ["tests/parallel/check_sync_equivalence.py", *(f"{p}:{o}" for p, o in CASES)],
+    return mpirun(2, ["tests/mpi/ranks/sync_ranks.py", *(f"{p}:{o}" for p, o in CASES)],
                   timeout=300)
 
 

@@ -3,11 +3,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from hvd_adaptive.config import Config, ConfigError, config_from_dict, load_config, resolve
+from tests.harness.mpirun import REPO
 
 
 def write(tmp_path, text):
@@ -103,7 +103,9 @@ def test_a_runs_config_json_is_a_config_file_again(tmp_path):
 
 
 def test_shipped_configs_load():
-    for p in sorted(Path(__file__).parents[1].glob("configs/*.yaml")):
+    shipped = sorted((REPO / "configs").glob("*.yaml"))
+    assert len(shipped) >= 5, shipped  # the folder found: a wrong path must not pass empty
+    for p in shipped:
         load_config(p, extra_sections=("sweep",))
 
 
@@ -130,7 +132,7 @@ for name, target in ALGORITHMS.items():
 assert "tensorflow" in sys.modules and "matplotlib" not in sys.modules
 import matplotlib.pyplot
 """
-    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert p.returncode == 0, p.stderr[-3000:]
 
@@ -138,7 +140,7 @@ import matplotlib.pyplot
 def test_config_is_the_ground_floor():
     # A fresh interpreter: building and validating a config loads no other module of the
     # package (no registry above it) and neither scipy nor TensorFlow. The names those
-    # registries own are checked by them (tests/test_cli.py).
+    # registries own are checked by them (tests/unit/test_cli.py).
     code = """
 import sys
 from hvd_adaptive.config import load_config
@@ -146,7 +148,7 @@ load_config(None, ["train.algorithm=adaptive", "data.synth.preset=eurlex4k"])
 print(sorted(m for m in sys.modules if m.startswith("hvd_adaptive.")),
       sorted({m.split(".")[0] for m in sys.modules} & {"scipy", "tensorflow"}))
 """
-    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "['hvd_adaptive.config'] []", p.stdout

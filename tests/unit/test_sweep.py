@@ -7,7 +7,7 @@ import pytest
 from hvd_adaptive.cli import main as cli_main
 from hvd_adaptive.config import ConfigError
 from hvd_adaptive.bench.sweep import expand, point_name, resolve_index
-from mpirun import REPO
+from tests.harness.mpirun import REPO
 
 BASE = "train:\n  epochs: 1\n"
 

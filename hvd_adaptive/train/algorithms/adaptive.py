@@ -31,8 +31,7 @@ class Adaptive(Algorithm):
     def __init__(self, ctx):
         super().__init__(ctx)
         a = self.adaptive_cfg = self.cfg.adaptive
-        self.b_max = a.b_max or self.cfg.train.batch_size
-        self.b_min = min(a.b_min, self.b_max)
+        self.b_max, self.b_min = a.b_max, a.b_min  # resolved: b_min <= b_max (config.resolve)
         n = self.cluster.size
         self.sizes = np.full(n, a.b_warm if a.warmup_epochs > 0 else self.b_max, np.int64)
         self.warm = a.warmup_epochs > 0

@@ -54,14 +54,12 @@ _COLUMNS = 7
 
 # ---- set-up rules (unit-tested in tests/test_hogbatch.py) ----------------------------------------
 def worker_batch(cfg: Config, rank: int) -> tuple[str, int, int, int]:
-    """A worker's kind ("cpu" or "gpu"), starting batch and adaptive bounds (b_min, b_max)."""
+    """A worker's kind ("cpu" or "gpu"), starting batch and adaptive bounds (b_min, b_max), from
+    the resolved config (config.resolve derives gpu_batch and the bounds)."""
     h = cfg.hogbatch
-    gpu = h.gpu_batch or cfg.train.batch_size
-    b_max = h.b_max or 8 * gpu
-    b_min = min(h.b_min, b_max)
     kind = "cpu" if rank in h.cpu_ranks else "gpu"
-    start = h.cpu_batch if kind == "cpu" else gpu
-    return kind, start, b_min, b_max
+    start = h.cpu_batch if kind == "cpu" else h.gpu_batch
+    return kind, start, h.b_min, h.b_max
 
 
 # ---- the algorithms -----------------------------------------------------------------------------
@@ -94,7 +92,7 @@ class Hogbatch(Algorithm):
             print(f"[rank {cluster.rank}] warning: hogbatch.cpu_threads={want} is not applied: "
                   f"this rank runs {cluster.threads} TensorFlow thread(s)", file=sys.stderr, flush=True)
         self.hogbatch_cfg = h
-        self.round_rows = max(1, int(round((h.round_epochs or cfg.train.eval_every) * ctx.train.n_rows)))
+        self.round_rows = max(1, int(round(h.round_epochs * ctx.train.n_rows)))
         self.shared = SharedModel(cluster.comm, [tuple(v.shape) for v in self.variables], cluster.size,
                                   _COLUMNS)
         self.counter = SharedCounter(cluster.comm)

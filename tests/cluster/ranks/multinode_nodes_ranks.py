@@ -1,6 +1,6 @@
 """Run under mpirun on several nodes: what MPI sees of the nodes, and the shared counter.
 
-Usage: mpirun ... python tests/parallel/check_nodes.py BUDGET
+Usage: mpirun ... python tests/cluster/ranks/multinode_nodes_ranks.py BUDGET
 
 Without TensorFlow or Horovod (seconds, not a training job). Rank 0 prints one line,
 ``nodes [json, ...]`` in rank order (gathered: mpirun forwards ranks' output in pieces, so

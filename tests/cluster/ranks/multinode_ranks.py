@@ -1,6 +1,6 @@
 """Run under mpirun on several nodes: sync and adaptive train across nodes, per-node set-up.
 
-Usage: mpirun ... python tests/parallel/check_multinode.py EXPECT    (EXPECT: dynamic, fallback)
+Usage: mpirun ... python tests/cluster/ranks/multinode_ranks.py EXPECT    (EXPECT: dynamic, fallback)
 
 One process trains the tiny config's first epoch with sync, then with adaptive (fresh models),
 with a spy around the batch builder, and checks on rank 0:
@@ -32,7 +32,7 @@ def main() -> int:
     import tensorflow as tf
     from hvd_adaptive.train.algorithms import base
     from hvd_adaptive.data import load_data
-    from real_algorithm import RowSpy, build
+    from tests.harness.real_algorithm import RowSpy, build
 
     me = dict(rank=c.rank, host=socket.gethostname(), local_rank=c.local_rank,
               local_size=c.local_size, threads=c.threads, device=c.device,

@@ -1,6 +1,6 @@
 """Run under mpirun: adaptive SGD's merge in a real run, checked window by window.
 
-Usage: mpirun -np N python tests/parallel/check_merge.py MODE [MODE ...]   (see MODES)
+Usage: mpirun -np N python tests/mpi/ranks/algorithms_merge_ranks.py MODE [MODE ...]   (see MODES)
 
 Several modes run one after another in the same ranks (one start-up of TensorFlow and Horovod).
 
@@ -27,7 +27,7 @@ import numpy as np
 
 from hvd_adaptive.train import balance
 from hvd_adaptive.config import load_config
-from cases import each_case
+from tests.harness.cases import each_case
 
 PAPER = ["adaptive.row_norm=false", "adaptive.label_norm=false",  # plain weighted average
          "adaptive.opt_state=local"]
@@ -57,7 +57,7 @@ def check(mode: str, c) -> None:
         "adaptive.scheduler=static",
         "hetero.slowdown={1: 2.0}", "optim.name=adagrad", "optim.lr=0.1", *MODES[mode]])
     from hvd_adaptive.data import load_data
-    from real_algorithm import build
+    from tests.harness.real_algorithm import build
 
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)

@@ -1,6 +1,6 @@
 """Run under mpirun: which rows each algorithm trains on, on real ranks with rank 1 slowed 2x.
 
-Usage: mpirun -np 2 python tests/parallel/check_scheduling.py ALGORITHM [ALGORITHM ...]
+Usage: mpirun -np 2 python tests/mpi/ranks/algorithms_scheduling_ranks.py ALGORITHM [ALGORITHM ...]
 
 Several algorithms run one after another in the same ranks (one start-up of TensorFlow and
 Horovod), each on a fresh model.
@@ -23,7 +23,7 @@ measured and allgathered.
 import numpy as np
 
 from hvd_adaptive.config import load_config
-from cases import each_case
+from tests.harness.cases import each_case
 
 
 def check_guided(c) -> None:
@@ -58,7 +58,7 @@ def check_guided(c) -> None:
     import tensorflow as tf
     from hvd_adaptive.train.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
-    from real_algorithm import RowSpy, build
+    from tests.harness.real_algorithm import RowSpy, build
 
     spy = RowSpy(base, hogbatch)
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
@@ -101,7 +101,7 @@ def check(name: str, c) -> None:
     import tensorflow as tf
     from hvd_adaptive.train.algorithms import base, hogbatch
     from hvd_adaptive.data import load_data
-    from real_algorithm import RowSpy, build
+    from tests.harness.real_algorithm import RowSpy, build
 
     spy = RowSpy(base, hogbatch)
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)

@@ -1,13 +1,13 @@
 """Run under mpirun: each algorithm's round accounting with rank 1 slowed 4x (sleep mode).
 
-Usage: mpirun -np 2 python tests/parallel/check_fairness.py PLAN
+Usage: mpirun -np 2 python tests/mpi/ranks/fairness_ranks.py PLAN
   PLAN: JSON {"sets": [KEY=VALUE, ...], "algorithms": {NAME: [KEY=VALUE, ...], ...}}, the
   config overrides of every run (on configs/tiny.yaml) and each algorithm's own.
 
 The algorithms run one after another in the same ranks (one start-up of TensorFlow and
 Horovod), each on a fresh model. Rank 0 prints one line per algorithm, `fairness NAME JSON`,
 JSON being every round's per-rank records as the trainer writes them to metrics.jsonl
-(RoundStats.record); tests/test_fairness.py asserts on them.
+(RoundStats.record); tests/mpi/test_fairness.py asserts on them.
 """
 import json
 import sys
@@ -19,7 +19,7 @@ def main() -> int:
     c = distributed.init(threads=1)
     import tensorflow as tf
     from hvd_adaptive.data import load_data
-    from real_algorithm import build
+    from tests.harness.real_algorithm import build
 
     plan = json.loads(sys.argv[1])
     for name, own in plan["algorithms"].items():

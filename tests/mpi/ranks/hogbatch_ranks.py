@@ -18,7 +18,7 @@ from hvd_adaptive.train.algorithms.hogbatch import _COLUMNS, SKIPPED
 from hvd_adaptive.parallel.distributed import SharedModel
 from hvd_adaptive.config import load_config
 from hvd_adaptive.data import load_data
-from real_algorithm import build
+from tests.harness.real_algorithm import build
 
 EPOCHS = 3
 

@@ -2,7 +2,7 @@
 project's maths: from the same initial weights, on the same global batches, its steps and the
 project's `sync` steps leave the same weights and optimizer state.
 
-Usage: mpirun -np 2 python tests/parallel/check_horovod_reference.py CASE [CASE ...]
+Usage: mpirun -np 2 python tests/mpi/ranks/horovod_reference_ranks.py CASE [CASE ...]
   CASE: OPTIMIZER[:deep|:acc] (sgd, momentum, adagrad, rowwise_adagrad; `deep`: two hidden layers,
   `acc`: accumulators starting at optim.initial_accumulator 0.1,
   so a dense hidden kernel sits between the row-sparse input layer and the output layer); the
@@ -26,11 +26,12 @@ import numpy as np
 from hvd_adaptive.bench import plain_horovod  # first: what it imports is checked right below
 
 # The plain script is the yardstick only if it shares none of the project's training path.
-TRAINING_PATH = ("trainer", "algorithms", "model", "merge", "balance", "distributed")
+TRAINING_PATH = ("train.trainer", "train.algorithms", "train.evaluation", "model.network",
+                 "parallel.merge", "train.balance", "parallel.distributed")
 _pulled = [m for m in TRAINING_PATH if f"hvd_adaptive.{m}" in sys.modules]
 assert not _pulled, f"importing hvd_adaptive.bench.plain_horovod imported hvd_adaptive.{_pulled}"
 
-from cases import each_case  # noqa: E402
+from tests.harness.cases import each_case  # noqa: E402
 
 STEPS = 8
 
@@ -50,7 +51,7 @@ def check(case: str, c) -> None:
         *(["optim.initial_accumulator=0.1"] if shape == "acc" else [])])
     from hvd_adaptive.train.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
-    from real_algorithm import build
+    from tests.harness.real_algorithm import build
 
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync, set up (rank 0's weights broadcast) and traced

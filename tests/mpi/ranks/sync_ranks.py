@@ -1,7 +1,7 @@
 """Run under mpirun: sync SGD on N ranks equals one-process SGD on the same global batches,
 and distributed evaluation equals a one-process evaluation of the same model.
 
-Usage: mpirun -np 2 python tests/parallel/check_sync_equivalence.py CASE [CASE ...]
+Usage: mpirun -np 2 python tests/mpi/ranks/sync_ranks.py CASE [CASE ...]
   CASE: PARTITION[:OPTIMIZER], PARTITION one of equal, proportional, sharded (sgd by default);
   the cases run one after another in the same ranks.
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from hvd_adaptive.train.balance import balanced_partition, keep_within_deadband
 from hvd_adaptive.config import load_config
-from cases import each_case
+from tests.harness.cases import each_case
 
 
 def check(case: str, c) -> None:
@@ -49,7 +49,7 @@ def check(case: str, c) -> None:
     from hvd_adaptive.train.evaluation import Evaluator
     from hvd_adaptive.model.metrics import METRIC_NAMES, finalize, metric_sums
     from hvd_adaptive.model.network import Optimizer, SparseMLP, batch_tensors
-    from real_algorithm import build
+    from tests.harness.real_algorithm import build
 
     train, test = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync: train.algorithm=sync

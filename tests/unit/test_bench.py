@@ -1,0 +1,151 @@
+"""The benchmark's table: medians over repeats, time to target interpolated as the report does,
+missing values as "-", the limit from the scenario's standalone rates; and its contenders come
+from the one registry of algorithms and write no model."""
+from pathlib import Path
+
+import pytest
+
+from hvd_adaptive.train.algorithms import ALGORITHMS
+from hvd_adaptive.bench.measure import limits, measures
+from hvd_adaptive.bench.speed import CONTENDERS, scenario_list, scenario_sets, skip_reason, table, train_args
+
+
+def run(p1s, compute_s, rates=(60.0, 40.0)):
+    """One run's summary and evaluations (evaluations one second and 100 rows apart)."""
+    evals = [{"p_at_1": p, "wall_s": i + 1.0, "samples": 100 * (i + 1)} for i, p in enumerate(p1s)]
+    per_rank = [{"compute_s": compute_s, "comm_s": 1.0, "sync_s": 0.0, "wait_s": 0.0, "batch_s": 0.0,
+                 "standalone_rate": r} for r in rates]
+    return {"summary": {"per_rank": per_rank, "efficiency": 0.5, "final": {"p_at_1": p1s[-1]}},
+            "evals": evals}
+
+
+def test_table_medians_ratio_limit_and_missing_values():
+    results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.2, 0.3, 0.5], 1.0, rates=(80, 40)),
+                                 run([0.5], 1.0)],
+                        "adaptive": [run([0.4], 3.0, rates=(20, 40))],
+                        "local": [run([0.5], 1.0), run([0.2, 0.5], 1.0), run([0.1, 0.2, 0.3, 0.5], 1.0)]}}
+    lines = table(results, 0.45).splitlines()
+    assert "medians over 3 repeat(s)" in lines[1]
+    # per rank the median over all seven runs (60, 80, 60, 20, 60, 60, 60 and seven 40s: 60 and
+    # 40 rows/s, where the mean would say 57); the runs' sums 60 to 120
+    assert "standalone rows/s per rank (median of the scenario's runs): 60, 40; sum 100" in lines[2]
+    assert "(runs spread 100%)" in lines[2]
+    # sync's rows to 0.45: 183, 275, 100 -> median 183 at 100 rows/s: 1.83 s
+    assert "limit 1.8 s to target" in lines[2]
+    assert "ref/this: sync's time to the target over the contender's, per seed" in lines[3]
+    assert lines[4].split() == ["contender", "s->target", "range", "rows->tgt", "rows/s", "effic.",
+                                "ref/this", "range", "of_limit", "compute", "comm", "allgat", "wait",
+                                "batch"]
+    # sync: 1.83 s (1.0 to 2.75 over the seeds), 183 rows, 100 rows/s -> efficiency 1.00 of the
+    # sum, and at the limit
+    assert lines[5].split()[:9] == ["sync", "1.8", "1.0-2.8", "183", "100", "1.00", "1.00", "1.00-1.00", "1.00"]
+    # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction
+    assert lines[6].split() == ["adaptive", "-", "-", "-", "-", "-", "-", "-", "-", "0.75", "0.25",
+                                "0.00", "0.00", "0.00"]
+    # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50
+    assert lines[7].split()[6:8] == ["1.50", "0.27-1.83"]
+
+
+def test_limit_of_a_time_varying_scenario_sums_its_phases():
+    runs = {"sync": [run([0.2, 0.3, 0.4, 0.5], 1.0, rates=(60, 40))]}
+    # sync reaches 0.45 at 350 rows: 100 at full speed (100 rows/s), 200 with the last rank
+    # 2x slower (60 + 20 = 80 rows/s), the last 50 at full speed again
+    lim = limits(runs, 0.45, phases=[(100, 1.0), (300, 2.0), (float("inf"), 1.0)])
+    assert lim["t"] == pytest.approx(100 / 100 + 200 / 80 + 50 / 100)
+
+
+def test_scenarios_per_factor_and_schedule():
+    assert scenario_list(["even", "slowed", "quota", "vary"], [1.25, 2.0]) == [
+        ("even", 1.25), ("slowed", 1.25), ("slowed", 2.0), ("quota", 1.25), ("quota", 2.0), ("vary", 1.25)]
+    assert scenario_list(["slowed", "quota"], [1.25, 2.0], [2.0]) == [
+        ("slowed", 1.25), ("slowed", 2.0), ("quota", 2.0)]
+    label, sets = scenario_sets("vary", 2, 2.0, (0.2, 0.4))
+    assert "from epoch 0.200 to 0.400" in label
+    assert sets == ["hetero.schedule=[{from_epoch: 0.2000, slowdown: {1: 2.0}}, "
+                    "{from_epoch: 0.4000, slowdown: {}}]"]
+
+
+def test_every_algorithm_is_a_contender():
+    assert all(CONTENDERS[name] == [f"train.algorithm={name}"] for name in ALGORITHMS)
+    assert {"sync_prop", "adaptive_paper"} <= set(CONTENDERS)
+    from hvd_adaptive.config import load_config
+    for name, sets in CONTENDERS.items():  # every contender's overrides are valid keys
+        load_config(None, sets)
+    # The published algorithm: none of the project's additions to the merge or the rate.
+    a = load_config(None, CONTENDERS["adaptive_paper"])[0].adaptive
+    assert (a.opt_state, a.row_norm, a.label_norm, a.lr_scaling) == ("local", False, False, "linear")
+
+
+def test_contenders_write_no_model_unless_the_user_sets_it():
+    from hvd_adaptive.config import load_config
+
+    def used(sets):
+        args = train_args("configs/bench_quick.yaml", sets, Path("runs/x"))
+        return load_config(args[args.index("--config") + 1],
+                           [args[i + 1] for i, a in enumerate(args) if a == "--set"])[0]
+    assert used(CONTENDERS["adaptive"]).checkpoint.keep == 0
+    assert used(CONTENDERS["adaptive"]).train.algorithm == "adaptive"
+    assert used(["checkpoint.keep=2"]).checkpoint.keep == 2  # a --set of the user's wins
+
+
+def test_scaling_profiles_points_and_table(tmp_path):
+    from hvd_adaptive.bench import scaling
+
+    assert scaling.profile_cores("equal", 4, 0.25) == [0.25] * 4
+    assert scaling.profile_cores("half", 8, 0.25) == [0.25] * 4 + [0.125] * 4
+    assert scaling.profile_cores("half", 1, 0.25) == [0.25]
+    assert scaling.profile_sets("half", 2, 0.5)[1] == ["hetero.cores=[0.5, 0.25]", "hetero.mode=cpu_quota",
+                                                       "train.threads=1"]
+    # one rank once (sync alone), then every profile at every larger count
+    assert scaling.points(["equal", "half"], [1, 2, 4]) == [("equal", 1), ("equal", 2), ("equal", 4),
+                                                          ("half", 2), ("half", 4)]
+    one = run([0.2, 0.5], 1.0, rates=(100.0,))  # 0.45 at 1.83 s, 183 rows
+    for r in (one,):
+        r["summary"]["per_rank"][0]["peak_rss_mb"] = 500.0
+    two = run([0.5], 1.0, rates=(100.0, 100.0))  # 0.45 at 1.0 s, 100 rows
+    two["summary"]["per_rank"][1]["peak_rss_mb"] = 520.0
+    data = scaling.rows({("equal", 1): {"sync": [one]}, ("equal", 2): {"adaptive": [two]}}, 0.45)
+    got = {(r["ranks"], r["contender"]): r for r in data}
+    assert got[(2, "adaptive")]["speedup"] == pytest.approx(1.8333, rel=1e-3)
+    assert got[(1, "sync")]["speedup"] == pytest.approx(1.0)
+    assert got[(2, "adaptive")]["ceiling"] == pytest.approx(2.0)  # 200 rows/s over one rank's 100
+    assert got[(2, "adaptive")]["peak_mb"] == 520.0
+    assert got[(2, "adaptive")]["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
+    lines = scaling.table(data).splitlines()
+    assert lines[0].split()[:4] == ["profile", "ranks", "contender", "s->target"]
+    assert lines[2].split()[:8] == ["equal", "2", "adaptive", "1.0", "100", "100", "1.83", "2.00"]
+    # of_limit: the scenario has no sync run at 2 ranks, so no limit: "-"
+    assert lines[2].split()[9] == "-"
+    scaling.save(data, 0.45, 0.25, tmp_path / "scaling.json")
+    png = scaling.plot(tmp_path / "scaling.json", tmp_path / "s.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_scaling_figure_names_a_bad_file(tmp_path):
+    from hvd_adaptive.bench import scaling
+    from hvd_adaptive.bench.report import ReportError
+
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ReportError, match="x.json: not a scaling.json"):
+        scaling.plot(tmp_path / "x.json", tmp_path / "s.png")
+
+
+def test_the_plain_horovod_script_is_a_contender_of_its_own():
+    """`horovod` runs hvd_adaptive.bench.plain_horovod with the same config and overrides, sits out
+    the sleep-mode scenarios (a plain script has no computation spans to slow), and shows no
+    time breakdown rather than zeros."""
+    args = train_args("configs/tiny.yaml", ["train.epochs=2"], Path("runs/x"), "horovod")
+    assert args == ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml", "--run-dir",
+                    "runs/x", "--set", "checkpoint.keep=0", "--set", "train.epochs=2"]
+    assert train_args("configs/tiny.yaml", [], Path("runs/x"), "sync")[:3] == ["-m", "hvd_adaptive.cli", "train"]
+    assert all("plain script" in skip_reason("horovod", s) for s in ("slowed", "vary"))
+    assert skip_reason("horovod", "even") is None and skip_reason("horovod", "quota") is None
+    assert skip_reason("sync", "slowed") is None
+    r = run([0.2, 0.5], 1.0)
+    for rank in r["summary"]["per_rank"]:
+        for k in ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s"):
+            del rank[k]
+    m = measures(r, 0.45)
+    assert m["compute_s"] is None and m["comm_s"] is None and m["t"] == pytest.approx(1.8333, rel=1e-3)
+
+
