@@ -39,10 +39,27 @@ from hvd_adaptive.config import WINDOW_MIN_BATCHES, ConfigError
 
 FORMAT = 1
 MARKER = "COMPLETE"
-LOOP = "trainer."  # prefix of the training loop's keys in a training checkpoint
+# Every key of a training checkpoint, by its prefix or name (an array "<prefix><i>" is the i-th
+# of its list, in the model's or the optimizer's variable order):
+MODEL = "model."          # the rank's replica (equal on every rank where no PER_RANK prefix)
+OPT = "opt."              # the optimizer's slots; "opt.lr" its current rate
+SMA_CENTRAL = "sma.central."    # SMA's central model, the one it evaluates
+SMA_MOMENTUM = "sma.momentum."  # SMA's momentum of the central model
+LOOP = "trainer."         # the training loop's position (Position.saved, the stream's key)
+PER_RANK = "rank."        # before a key whose value differs between ranks (saved per rank)
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+$")
-PER_RANK = "rank."
+
+
+def indexed(prefix: str, arrays) -> dict:
+    """{"<prefix><i>": array i}: a list of arrays as checkpoint entries."""
+    return {f"{prefix}{i}": a for i, a in enumerate(arrays)}
+
+
+def indexed_keys(state: dict, prefix: str) -> list[str]:
+    """The keys "<prefix><i>" of `state`, in the order of i."""
+    keys = [k for k in state if k.startswith(prefix) and k[len(prefix):].isdigit()]
+    return sorted(keys, key=lambda k: int(k[len(prefix):]))
 BEST = "best"  # checkpoints/best/: the model of the best validation P@1 (Checkpointer.save_best)
 
 
@@ -438,7 +455,7 @@ class Checkpointer:
         the evaluation that chose it under "best.*"."""
         state = {}
         if self.comm.Get_rank() == 0:
-            state = {f"model.{i}": v.numpy() for i, v in enumerate(model.variables_list)}
+            state = indexed(MODEL, [v.numpy() for v in model.variables_list])
             state.update({"best.of": algorithm, "best.round": rounds_done,
                           "best.epoch": record["epoch"], "best.val_p_at_1": record["val_p_at_1"],
                           "best.p_at_1": record["p_at_1"]})

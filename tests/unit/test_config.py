@@ -176,3 +176,17 @@ def test_resolve_keeps_values_that_were_given():
     assert resolve(r, threads=5) == r
     cfg, _ = load_config(None, ["train.threads=2"])
     assert resolve(cfg, threads=3).hogbatch.cpu_threads == 2  # as train.threads
+
+
+def test_parts_are_built_from_a_resolved_config_only():
+    """The algorithms read the derived values as resolve set them, so building from a config
+    that skipped resolve is refused, naming what is unset; a resolved one has nothing unset."""
+    from hvd_adaptive.config import unresolved
+    from hvd_adaptive.train.build import build_algorithm
+
+    cfg, _ = load_config(None, ["hogbatch.gpu_batch=64"])
+    assert unresolved(cfg) == ["train.threads", "adaptive.b_max", "hogbatch.cpu_threads",
+                               "hogbatch.b_max", "hogbatch.round_epochs"]
+    assert unresolved(resolve(cfg, threads=1)) == []
+    with pytest.raises(ValueError, match=r"resolved config .*'train.threads', 'adaptive.b_max'"):
+        build_algorithm(cfg, cluster=None, train=None)

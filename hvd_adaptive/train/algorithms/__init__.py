@@ -52,9 +52,9 @@ def eval_model_keys(state: dict) -> list[str]:
     model ("sma.central.<i>"); every other algorithm its replica ("model.<i>"), equal on every
     rank at a round's end. Read without TensorFlow (predict checks a run before it starts).
     """
-    prefix = "sma.central." if state.get("algorithm") == "sma" else "model."
-    keys = [k for k in state if k.startswith(prefix) and k[len(prefix):].isdigit()]
-    return sorted(keys, key=lambda k: int(k[len(prefix):]))
+    from hvd_adaptive.train import checkpoint as ck
+
+    return ck.indexed_keys(state, ck.SMA_CENTRAL if state.get("algorithm") == "sma" else ck.MODEL)
 
 
 def worker_threads(cfg: Config, rank: int) -> Optional[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from hvd_adaptive.tfload import tf
 import horovod.tensorflow as hvd
 
+from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.train.balance import split_evenly
 from hvd_adaptive.parallel.distributed import broadcast_variables
@@ -106,12 +107,12 @@ class SMA(_Averaging):
     def state_dict(self) -> dict:
         # The central model and its momentum come from allreduced sums: equal on every rank.
         d = super().state_dict()
-        d.update({f"sma.central.{i}": z.numpy() for i, z in enumerate(self.z)})
-        d.update({f"sma.momentum.{i}": m.numpy() for i, m in enumerate(self.prev)})
+        d.update(ck.indexed(ck.SMA_CENTRAL, [z.numpy() for z in self.z]))
+        d.update(ck.indexed(ck.SMA_MOMENTUM, [m.numpy() for m in self.prev]))
         return d
 
     def load_state_dict(self, d: dict) -> None:
         super().load_state_dict(d)
         for i, (z, m) in enumerate(zip(self.z, self.prev)):
-            z.assign(d[f"sma.central.{i}"])
-            m.assign(d[f"sma.momentum.{i}"])
+            z.assign(d[f"{ck.SMA_CENTRAL}{i}"])
+            m.assign(d[f"{ck.SMA_MOMENTUM}{i}"])

@@ -23,6 +23,7 @@ from hvd_adaptive.tfload import tf
 from hvd_adaptive.config import Config
 from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
 from hvd_adaptive.parallel.distributed import Cluster, threads_cpu_s
+from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.hetero import Heterogeneity
 from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
 from hvd_adaptive.train.tune import unchanged
@@ -344,14 +345,14 @@ class Algorithm:
         Keys starting with "rank." may differ between ranks (saved per rank). Subclasses
         extend the dict; call on every rank at a round's end.
         """
-        model = {f"model.{i}": v.numpy() for i, v in enumerate(self.variables)}
-        opt = {f"opt.{i}": v.numpy() for i, v in enumerate(self.opt.slot_variables())}
-        opt["opt.lr"] = float(self.opt.lr.numpy())
+        model = ck.indexed(ck.MODEL, [v.numpy() for v in self.variables])
+        opt = ck.indexed(ck.OPT, [v.numpy() for v in self.opt.slot_variables()])
+        opt[ck.OPT + "lr"] = float(self.opt.lr.numpy())
         d = {"algorithm": self.name, "ranks": self.cluster.size, "windows": self.windows_done,
-             "rank.rng": self.hetero.state()["rng"], "optim.lr": float(self.cfg.optim.lr)}
+             ck.PER_RANK + "rng": self.hetero.state()["rng"], "optim.lr": float(self.cfg.optim.lr)}
         for part, differs in ((model, self.model_differs_by_rank),
                               (opt, self.optimizer_differs_by_rank)):
-            d.update({("rank." + k if differs else k): v for k, v in part.items()})
+            d.update({(ck.PER_RANK + k if differs else k): v for k, v in part.items()})
         return d
 
     def load_state_dict(self, d: dict) -> None:
@@ -364,17 +365,17 @@ class Algorithm:
             raise ValueError(f"checkpoint was written by train.algorithm={d['algorithm']}, "
                              f"this run uses {self.name}")
         self.resized = d["ranks"] != self.cluster.size
-        pre_m = "rank." if self.model_differs_by_rank else ""
-        pre_o = "rank." if self.optimizer_differs_by_rank else ""
+        pre_m = ck.PER_RANK if self.model_differs_by_rank else ""
+        pre_o = ck.PER_RANK if self.optimizer_differs_by_rank else ""
         for i, v in enumerate(self.variables):
-            _assign(v, d, f"{pre_m}model.{i}")
+            _assign(v, d, f"{pre_m}{ck.MODEL}{i}")
         for i, v in enumerate(self.opt.slot_variables()):
-            _assign(v, d, f"{pre_o}opt.{i}")
+            _assign(v, d, f"{pre_o}{ck.OPT}{i}")
         if self.cfg.optim.lr == "auto" and "optim.lr" in d:  # the rate this run's probe chose
             self.set_lr(float(d["optim.lr"]))
-        self.opt.lr.assign(d[pre_o + "opt.lr"])
+        self.opt.lr.assign(d[pre_o + ck.OPT + "lr"])
         if not self.resized:  # the jitter stream of a rank that no longer exists means nothing
-            self.hetero.load_state({"rng": d["rank.rng"]})
+            self.hetero.load_state({"rng": d[ck.PER_RANK + "rng"]})
         self.skip_windows(int(d["windows"]))
 
     def per_rank(self, d: dict, key: str, default: np.ndarray) -> np.ndarray:
