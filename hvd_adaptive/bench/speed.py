@@ -52,7 +52,6 @@ The contenders' run folders keep their config, metrics and summary but no model
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -63,6 +62,7 @@ from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
 from hvd_adaptive.bench.measure import limits, measures, median, span, time_to_target
 from hvd_adaptive.bench.output import align
+from hvd_adaptive.train.records import METRICS, load_run
 from hvd_adaptive.train.run import mpirun_command
 
 # name -> config overrides: every algorithm with its defaults, and named variants of them.
@@ -110,9 +110,10 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: 
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"summary": json.loads((run_dir / "summary.json").read_text()),
-            "evals": [r for r in recs if r["event"] == "eval"]}
+    run = load_run(run_dir)
+    if run.summary is None:
+        raise RuntimeError(f"{run_dir.name} ended without its summary.json")
+    return {"summary": run.summary, "evals": run.evals}
 
 
 def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
@@ -345,11 +346,10 @@ def _vary_epochs(results: dict, target: float, config: str, out: Path) -> tuple[
 
 def _train_rows(out: Path) -> int:
     """Training rows of the benchmark's data set, from any finished run's start record."""
-    for run in sorted(out.glob("*/metrics.jsonl")):
-        for line in run.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("event") == "start" and rec.get("train_rows"):
-                return int(rec["train_rows"])
+    for metrics in sorted(out.glob(f"*/{METRICS}")):
+        start = load_run(metrics.parent).start
+        if start and start.get("train_rows"):
+            return int(start["train_rows"])
     raise SystemExit(f"no finished run in {out} records its training rows")
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from hvd_adaptive.train import checkpoint
+from hvd_adaptive.train import checkpoint, records
 from hvd_adaptive.train.algorithms import eval_model_keys
 from hvd_adaptive.config import Config, ConfigError, config_from_dict
 
@@ -63,10 +63,10 @@ def open_run(run_dir: str | Path, name: Optional[str] = None) -> TrainedRun:
         checkpoint.CheckpointError: The checkpoint fails verification (the message says why).
     """
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
+    if not (run_dir / records.CONFIG).is_file():
         raise ConfigError(f"{run_dir}: not a run folder (no config.json)")
     try:
-        cfg = config_from_dict(json.loads((run_dir / "config.json").read_text()))
+        cfg = config_from_dict(json.loads((run_dir / records.CONFIG).read_text()))
     except ValueError as e:
         raise ConfigError(f"{run_dir / 'config.json'}: {e}") from None
     ckpt_dir = run_dir / "checkpoints"

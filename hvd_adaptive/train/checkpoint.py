@@ -422,9 +422,10 @@ class Checkpointer:
                  f"{manifest['ranks']} rank(s))")
         return state, manifest
 
-    def due(self, rounds_done: int) -> bool:
-        """Whether a periodic checkpoint is due after this many rounds."""
-        return self.cfg.every is not None and rounds_done % self.cfg.every == 0
+    @property
+    def every(self) -> Optional[int]:
+        """Rounds between periodic checkpoints (checkpoint.every), None for none."""
+        return self.cfg.every
 
     def final_due(self, rounds_done: int) -> bool:
         """Whether the run's end needs a checkpoint, so a longer run can continue from it:

@@ -1,4 +1,11 @@
-"""Rank 0's run folder: metrics.jsonl, JSON files, TensorBoard events and progress lines.
+"""The run folder's files, written (RunLog, rank 0) and read back (load_run): the one owner of
+their names and of the records' schema.
+
+A run folder holds config.json (the resolved config), metrics.jsonl (the records), summary.json
+(the run's end), tb/ (TensorBoard events) and checkpoints/ (train/checkpoint.py). The records:
+a `start` record (or `resume`) with the run's set-up and the chosen settings, a `round` record
+per round (the trainer's accounting, with each rank's RoundStats.record) and an `eval` record
+per evaluation (test metrics, and `val_*` metrics with a validation split).
 
 Every record goes to `metrics.jsonl` (one JSON object a line). `eval` and `round` records are
 also written as TensorFlow summary scalars to `<run-dir>/tb/`, so `tensorboard --logdir runs`
@@ -24,6 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+EVENTS = ("start", "resume", "round", "eval")  # the `event` of every record
+
 # Fields of an eval record that say when it happened rather than how good the model is.
 _EVAL_CLOCKS = ("event", "wall_s", "epoch", "samples")
 # Per-rank fields of a round record written as scalars.
@@ -45,7 +57,7 @@ class RunLog:
         self._last_round = None  # (wall_s, samples) of the previous round record
         if active:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.dir / "metrics.jsonl", "a", buffering=1)
+            self._fh = open(self.dir / METRICS, "a", buffering=1)
 
     def record(self, **rec) -> None:
         """Appends a record to metrics.jsonl and writes its scalars to TensorBoard."""
@@ -113,7 +125,7 @@ class RunLog:
     def truncate(self, size: int) -> None:
         """Cuts metrics.jsonl back to `size` bytes (records of rounds a resume redoes)."""
         if self._fh and self.size() > size:
-            os.truncate(self.dir / "metrics.jsonl", size)  # appends then go to the new end
+            os.truncate(self.dir / METRICS, size)  # appends then go to the new end
 
     def write_json(self, name: str, obj: dict) -> None:
         if self.active:
@@ -229,7 +241,7 @@ def load_run(folder: str | Path, name: Optional[str] = None) -> Run:
     folder = Path(folder)
     if not folder.is_dir():
         raise RecordsError(f"{folder}: no such run folder")
-    metrics = folder / "metrics.jsonl"
+    metrics = folder / METRICS
     if not metrics.is_file():
         raise RecordsError(f"{folder}: no metrics.jsonl (not a run folder, or the run never started)")
     run = Run(name=name or folder.name, path=folder)
@@ -240,7 +252,7 @@ def load_run(folder: str | Path, name: Optional[str] = None) -> Run:
             run.rounds.append(rec)
         elif rec["event"] == "start":
             run.start = rec
-    summary = folder / "summary.json"
+    summary = folder / SUMMARY
     if summary.is_file():
         try:
             run.summary = json.loads(summary.read_text())

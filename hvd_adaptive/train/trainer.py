@@ -40,19 +40,16 @@ from hvd_adaptive.train.checkpoint import Checkpointer
 from hvd_adaptive.train.evaluation import Evaluator
 from hvd_adaptive.train.faults import Faults
 from hvd_adaptive.train.hetero import Heterogeneity, check_profile
+from hvd_adaptive.train.periodic import itstime
+from hvd_adaptive.train import records
 from hvd_adaptive.train.records import RunLog
-
-
-def itstime(progress: float, every: float, last: float) -> bool:
-    """Whether a periodic event due every `every` epochs fell between `last` and `progress`."""
-    return math.floor(progress / every + 1e-9) > math.floor(last / every + 1e-9)
 
 
 def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = False) -> dict:
     """Trains with the configured algorithm; returns the summary (identical on every rank).
     With `choose_only` it stops once the start record (the chosen settings) is written."""
     log = RunLog(run_dir, cluster.is_root)
-    log.write_json("config.json", cfg.to_dict())
+    log.write_json(records.CONFIG, cfg.to_dict())
     t_load = time.perf_counter()
     train_ds, test_ds = load_data(cfg, cluster.is_root, cluster.comm.Barrier)
     train_ds, val_ds = split_validation(cfg, train_ds)
@@ -179,7 +176,7 @@ class Trainer:
         """Round -> account -> maybe evaluate -> maybe checkpoint -> stop at the end, the time
         budget or the target; a final evaluation and checkpoint if the last round had none."""
         cfg, pos, log = self.cfg.train, self.position, self.log
-        last_say = -1e9
+        t_loop, said_at = time.perf_counter(), -cfg.log_every_s  # the first round says where it is
         while True:
             self.faults.at_round(pos.rounds, self.algo)
             t0 = time.perf_counter()
@@ -187,8 +184,9 @@ class Trainer:
             if stats is None:
                 break
             ranks, loss = self.account(stats, time.perf_counter() - t0)
-            if time.perf_counter() - last_say >= cfg.log_every_s:
-                last_say = time.perf_counter()
+            now = time.perf_counter() - t_loop
+            if itstime(now, cfg.log_every_s, said_at):
+                said_at = now
                 log.say(f"train epoch {stats.epoch:6.2f} | {pos.wall:7.1f} s | loss {loss:.4f} | "
                         f"{pos.samples / max(pos.wall, 1e-9):8.0f} rows/s | batch "
                         + "/".join(str(r.batch_size) for r in ranks))
@@ -196,7 +194,7 @@ class Trainer:
             if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
                 self.evaluate(stats.epoch)
             pos.last_progress = stats.epoch
-            if self.ckpt.due(pos.rounds):
+            if self.ckpt.every is not None and itstime(pos.rounds, self.ckpt.every, pos.rounds - 1):
                 self.save()
             if out_of_time:
                 log.say(f"time budget of {cfg.time_budget_s} s reached")
@@ -287,7 +285,7 @@ class Trainer:
         for rec, (mb, cores) in zip(summary["per_rank"], allgather(cluster.comm, mine)):
             rec["peak_rss_mb"] = round(mb, 1)
             rec["quota_cores"] = cores
-        log.write_json("summary.json", summary)
+        log.write_json(records.SUMMARY, summary)
         log.say(f"done: P@1 {summary['final']['p_at_1']:.4f} P@3 {summary['final']['p_at_3']:.4f} "
                 f"P@5 {summary['final']['p_at_5']:.4f} after {pos.wall:.1f} s of training "
                 f"(baseline P@1 {base_p1:.4f}); cluster efficiency {summary['efficiency']:.2f}")
