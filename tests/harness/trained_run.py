@@ -38,6 +38,16 @@ def trained_runs(root: Path, ranks: int, runs: dict[str, tuple[str, ...]]) -> tu
     return {name: root / name / "run" for name in runs}, test_txt
 
 
+def learned_run(file_runs, name: str) -> tuple[Path, Path, str]:
+    """One of the session's trained runs (conftest.file_runs), checked to have learned: (its
+    folder, the test file, the folder's hash before anything reads it)."""
+    runs, test_txt = file_runs
+    run_dir = runs[name]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["final"]["p_at_1"] > s["baseline_p_at_1"] + 0.2, s["final"]
+    return run_dir, test_txt, folder_hash(run_dir)
+
+
 def last_eval(run: Path) -> dict:
     return records(run, "eval")[-1]
 
