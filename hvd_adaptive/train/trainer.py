@@ -9,7 +9,7 @@ was taken and continues the curve from there.
 
 Around the loop, each concern has its own module: loading the data and its checks in
 data/loading.py, restoring and saving checkpoints in checkpoint.py (Checkpointer), evaluation
-in evaluation.py, the run's files in runlog.py, a round's accounting in algorithms/base.py
+in evaluation.py, the run's files in records.py, a round's accounting in algorithms/base.py
 (RoundStats).
 
 The faults the test suite injects (a failing rank, NaN weights, a late start or evaluation)

@@ -14,7 +14,7 @@ SCHEDULED = ["adaptive", "sync", "local", "sma", "hogbatch", "auto"]
 
 @pytest.fixture(scope="module")
 def scheduling():
-    """check_scheduling.py for every algorithm, one after another in one 2-rank job."""
+    """algorithms_scheduling_ranks.py for every algorithm, one after another in one 2-rank job."""
     return mpirun(2, ["tests/mpi/ranks/algorithms_scheduling_ranks.py", *SCHEDULED, "guided"], timeout=300)
 
 
@@ -26,7 +26,7 @@ def test_every_row_once_per_epoch_and_dynamic_scheduling_favours_the_fast_rank(s
 
 def test_guided_claims_shrink_as_a_windows_rows_run_out(scheduling):
     # adaptive.guided: the last claims of a window take a share of the rows left, so the ranks
-    # reach the merge within a small batch of each other (check_scheduling.py, case guided).
+    # reach the merge within a small batch of each other (algorithms_scheduling_ranks.py, case guided).
     p = scheduling
     assert "guided ok" in p.stdout and p.returncode == 0, explain(p)
 
@@ -141,7 +141,7 @@ MERGES = {2: ["plain", "momentum", "dense_sampled", "float16", "rowwise"],
 
 @pytest.fixture(scope="module")
 def merges():
-    """check_merge.py's modes, one job per rank count (each job runs its modes in turn)."""
+    """algorithms_merge_ranks.py's modes, one job per rank count (each job runs its modes in turn)."""
     return {n: mpirun(n, ["tests/mpi/ranks/algorithms_merge_ranks.py", *modes], timeout=300)
             for n, modes in MERGES.items()}
 

@@ -14,7 +14,7 @@ CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep"
 
 @pytest.fixture(scope="module")
 def reference():
-    """check_horovod_reference.py's cases, one after another in one 2-rank job."""
+    """horovod_reference_ranks.py's cases, one after another in one 2-rank job."""
     return mpirun(2, ["tests/mpi/ranks/horovod_reference_ranks.py", *CASES], timeout=300)
 
 

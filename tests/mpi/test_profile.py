@@ -80,7 +80,7 @@ def test_the_cgroups_of_killed_ranks_are_removed(tmp_path):
         assert not left_behind(), f"killed ranks left their cgroups: {left_behind()}"
 
 
-def test_bench_merge_times_both_wire_types_inside_real_quotas_and_removes_them():
+def test_the_merge_cost_benchmark_times_both_wire_types_inside_real_quotas_and_removes_them():
     """`python -m hvd_adaptive.bench.merge_cost --touched --core --dtypes`: the sparse merge as adaptive
     SGD makes it, each rank in its own cgroup quota (read back), float16 moving half the bytes."""
     p = mpirun(2, ["-m", "hvd_adaptive.bench.merge_cost", "--config", "configs/tiny.yaml",

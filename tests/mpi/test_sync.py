@@ -29,7 +29,7 @@ CASES = [("equal", "sgd"), ("proportional", "sgd"), ("sharded", "adagrad"),
 
 @pytest.fixture(scope="module")
 def equivalence():
-    """check_sync_equivalence.py's cases, one after another in one 2-rank job."""
+    """sync_ranks.py's cases, one after another in one 2-rank job."""
     return mpirun(2, ["tests/mpi/ranks/sync_ranks.py", *(f"{p}:{o}" for p, o in CASES)],
                   timeout=300)
 

@@ -3,7 +3,7 @@
 Every rank can rebuild every other rank's replica from the seeds, so each rank checks the
 merged result against numpy's weighted average by itself. The merge is merge.Merge with
 merge.sparse off and no row normalization: sum_i w_i theta_i in one fused allreduce (the row
-rules and the sparse merge are checked in real runs by check_merge.py).
+rules and the sparse merge are checked in real runs by algorithms_merge_ranks.py).
 Exit code 0 means all checks held.
 """
 
