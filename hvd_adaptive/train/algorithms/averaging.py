@@ -10,11 +10,11 @@ differ in the merge at the round's end.
 from __future__ import annotations
 
 from hvd_adaptive.tfload import tf
-import horovod.tensorflow as hvd
 
 from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.train.balance import split_evenly
+from hvd_adaptive.parallel import collectives
 from hvd_adaptive.parallel.distributed import broadcast_variables
 from hvd_adaptive.parallel.merge import Merge
 from hvd_adaptive.model.network import SparseMLP
@@ -82,7 +82,7 @@ class SMA(_Averaging):
             d = [alpha * (r - z) for r, z in zip(self.variables, self.z)]
             for r, di in zip(self.variables, d):
                 r.assign_sub(di)
-            total = hvd.grouped_allreduce(d, op=hvd.Sum, name="sma_corrections")
+            total = collectives.sum_group(d, name="sma_corrections")
             for z, dp, dd in zip(self.z, self.prev, total):
                 step = dd + mu * dp
                 dp.assign(step)

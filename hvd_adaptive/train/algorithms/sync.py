@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 from hvd_adaptive.tfload import tf
-import horovod.tensorflow as hvd
 
 from hvd_adaptive.train.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.train.balance import balanced_partition, keep_within_deadband, smoothed
+from hvd_adaptive.parallel import collectives
 from hvd_adaptive.parallel.distributed import allgather, broadcast_variables
 from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer
 
@@ -68,7 +68,7 @@ class Sync(Algorithm):
             # sampled output layer there are three: input layer, output layer, output bias).
             grads = list(grads)
             order = sorted(range(len(grads)), key=lambda i: not isinstance(grads[i], tf.IndexedSlices))
-            summed = hvd.grouped_allreduce([grads[i] for i in order], op=hvd.Sum, name="sync_gradients")
+            summed = collectives.sum_group([grads[i] for i in order], name="sync_gradients")
             out = [None] * len(grads)
             for i, g in zip(order, summed):
                 out[i] = g
@@ -217,15 +217,13 @@ class ShardedUpdate:
     """
 
     def __init__(self, algo: Sync, index: int):
-        import horovod.tensorflow as hvd
-
         self.algo, self.index = algo, index
         self.full = algo.variables[index]
         self.full_slots = algo.opt.slots[index]
         rows = int(self.full.shape[0])
         # Which rows Horovod's reduce-scatter gives this rank: scatter the row numbers once.
-        got = hvd.reducescatter(tf.range(rows, dtype=tf.float64)[:, None], op=hvd.Average,
-                                name="shard_rows").numpy()[:, 0].astype(np.int64)
+        got = collectives.mean_scatter(tf.range(rows, dtype=tf.float64)[:, None],
+                                       name="shard_rows").numpy()[:, 0].astype(np.int64)
         self.lo, self.hi = int(got[0]), int(got[-1]) + 1
         if not np.array_equal(got, np.arange(self.lo, self.hi)):
             raise RuntimeError(f"reduce-scatter gave rows {got.tolist()}: not one contiguous block")
@@ -238,14 +236,14 @@ class ShardedUpdate:
             grads = list(grads)
             # Horovod: the sharded layer's gradient is summed and scattered (each rank gets its
             # rows); everything else is summed whole as in sync.
-            part = hvd.reducescatter(grads[index], op=hvd.Sum, name="shard_gradient")
+            part = collectives.sum_scatter(grads[index], name="shard_gradient")
             rest = algo._allreduce([g for i, g in enumerate(grads) if i != index])
             return [*rest[:index], part, *rest[index:]]
 
         @tf.function(autograph=False)
         def gather():
             # Horovod: every rank's updated rows, concatenated in rank order = the whole layer.
-            self.full.assign(hvd.allgather(self.part, name="shard_gather"))
+            self.full.assign(collectives.concat_rows(self.part, name="shard_gather"))
             return tf.constant(0.0)
 
         self.reduce, self.finish = reduce, gather
@@ -272,7 +270,5 @@ class ShardedUpdate:
 
     def gather_state(self) -> None:
         """Fills the whole layer's optimizer state from every rank's slice (collective)."""
-        import horovod.tensorflow as hvd
-
         for i, (mine, whole) in enumerate(zip(self.opt.slots[0], self.full_slots)):
-            whole.assign(hvd.allgather(mine, name=f"shard_state_{i}"))
+            whole.assign(collectives.concat_rows(mine, name=f"shard_state_{i}"))
