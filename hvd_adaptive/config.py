@@ -723,12 +723,10 @@ def resolve(cfg: Config, threads: int) -> Config:
 
 
 def unresolved(cfg: Config) -> list[str]:
-    """The keys `resolve` sets that are still None (none in a resolved config)."""
-    t, a, h = cfg.train, cfg.adaptive, cfg.hogbatch
-    keys = {"train.threads": t.threads, "adaptive.b_max": a.b_max, "hogbatch.cpu_threads": h.cpu_threads,
-            "hogbatch.gpu_batch": h.gpu_batch, "hogbatch.b_max": h.b_max,
-            "hogbatch.round_epochs": h.round_epochs}
-    return [k for k, v in keys.items() if v is None]
+    """The keys `resolve` would still set, in config order (none in a resolved config)."""
+    before, after = cfg.to_dict(), resolve(cfg, threads=1).to_dict()
+    return [f"{section}.{key}" for section, values in before.items() if isinstance(values, dict)
+            for key, value in values.items() if after[section][key] != value]
 
 
 def config_from_dict(raw: dict) -> Config:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 class ReportError(ValueError):
-    """A run folder is missing or its files cannot be read; the message names the path."""
+    """A report's input (its arguments, a scaling.json) cannot be used; the message names it."""
 
 
 def align(cells: list[list[str]], text_columns: int) -> str:

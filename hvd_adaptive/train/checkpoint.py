@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from hvd_adaptive.config import WINDOW_MIN_BATCHES, ConfigError
+from hvd_adaptive.train.periodic import itstime
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -422,10 +423,9 @@ class Checkpointer:
                  f"{manifest['ranks']} rank(s))")
         return state, manifest
 
-    @property
-    def every(self) -> Optional[int]:
-        """Rounds between periodic checkpoints (checkpoint.every), None for none."""
-        return self.cfg.every
+    def due(self, rounds_done: int) -> bool:
+        """Whether a periodic checkpoint (every checkpoint.every rounds) is due after this many."""
+        return self.cfg.every is not None and itstime(rounds_done, self.cfg.every, rounds_done - 1)
 
     def final_due(self, rounds_done: int) -> bool:
         """Whether the run's end needs a checkpoint, so a longer run can continue from it:

@@ -34,7 +34,6 @@ from typing import Optional
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
-EVENTS = ("start", "resume", "round", "eval")  # the `event` of every record
 
 # Fields of an eval record that say when it happened rather than how good the model is.
 _EVAL_CLOCKS = ("event", "wall_s", "epoch", "samples")

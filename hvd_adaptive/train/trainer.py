@@ -194,7 +194,7 @@ class Trainer:
             if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
                 self.evaluate(stats.epoch)
             pos.last_progress = stats.epoch
-            if self.ckpt.every is not None and itstime(pos.rounds, self.ckpt.every, pos.rounds - 1):
+            if self.ckpt.due(pos.rounds):
                 self.save()
             if out_of_time:
                 log.say(f"time budget of {cfg.time_budget_s} s reached")

@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Optional
 
 from hvd_adaptive.config import Config, ConfigError
+from hvd_adaptive.train import checkpoint as ck
 
 if TYPE_CHECKING:
     from hvd_adaptive.train.algorithms.base import Algorithm, Context
@@ -52,8 +53,6 @@ def eval_model_keys(state: dict) -> list[str]:
     model ("sma.central.<i>"); every other algorithm its replica ("model.<i>"), equal on every
     rank at a round's end. Read without TensorFlow (predict checks a run before it starts).
     """
-    from hvd_adaptive.train import checkpoint as ck
-
     return ck.indexed_keys(state, ck.SMA_CENTRAL if state.get("algorithm") == "sma" else ck.MODEL)
 
 
