@@ -11,6 +11,7 @@ Without these variables every hook does nothing.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -43,7 +44,10 @@ class Faults:
             raise RuntimeError(f"injected failure at round {rnd} (test hook HVD_ADAPTIVE_FAIL_AT_ROUND)")
 
     def delay(self, where: str) -> None:
-        """Sleeps where HVD_ADAPTIVE_SLOW_<WHERE>=<rank>:<seconds> names this rank."""
-        who, _, seconds = os.environ.get(f"HVD_ADAPTIVE_SLOW_{where.upper()}", "").partition(":")
+        """Sleeps where HVD_ADAPTIVE_SLOW_<WHERE>=<rank>:<seconds> names this rank, and says so
+        on stderr (the tests count these lines: a hook that never fired proves nothing)."""
+        variable = f"HVD_ADAPTIVE_SLOW_{where.upper()}"
+        who, _, seconds = os.environ.get(variable, "").partition(":")
         if who and int(who) == self.rank:
+            print(f"[rank {self.rank}] test hook {variable}: {seconds} s late", file=sys.stderr, flush=True)
             time.sleep(float(seconds))

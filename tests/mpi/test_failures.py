@@ -1,6 +1,7 @@
 """Fail fast, never hang, on real ranks: an exception on one rank, an input error under mpirun,
 more ranks than rows, NaN loss and weights; each asserts the one line that tells the user."""
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import threading
 import time
 
-from tests.harness.mpirun import REPO, job_group, mpi_env, set_args, train_tiny
+from tests.harness.mpirun import REPO, job_group, mpi_env, mpirun, set_args, train_tiny
 
 def test_exception_on_rank1_ends_the_job_fast(tmp_path):
     """Timed from the line printed just before the training loop, so start-up under a busy
@@ -81,3 +82,19 @@ def test_a_model_gone_nan_keeps_the_last_good_checkpoints(tmp_path):
     assert kept == ["ckpt-4", "ckpt-5", "ckpt-6"], kept
     for c in (run / "checkpoints").glob("ckpt-*"):
         assert ck.all_finite(ck.load(c)[0])
+
+
+def test_runs_of_one_job_that_ask_a_rank_for_other_threads_are_refused(tmp_path):
+    """Thread pools are sized once, when TensorFlow starts (run.start_ranks): several runs in one
+    job (the harness's train_runs.py) that resolve to other threads for a rank stop before it."""
+    specs = []
+    for threads in (1, 2):
+        spec = tmp_path / f"t{threads}.run.json"
+        spec.write_text(json.dumps({"config": "configs/tiny.yaml", "run_dir": str(tmp_path / f"r{threads}"),
+                                    "sets": [f"train.threads={threads}"]}))
+        specs.append(str(spec))
+    p = mpirun(2, ["tests/harness/train_runs.py", *specs], timeout=120)
+    assert p.returncode != 0
+    assert "runs in one job must give rank 0 the same threads and Horovod cycle, got threads [1, 2]" in p.stderr, \
+        p.stderr[-2000:]
+    assert not (tmp_path / "r1" / "metrics.jsonl").exists()  # nothing trained

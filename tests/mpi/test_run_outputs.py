@@ -36,6 +36,8 @@ def test_a_rank_that_leaves_an_evaluation_late_costs_the_training_clock_nothing(
     rounds = records(finished[0], "round")
     walls = [0.0] + [r["wall_s"] for r in rounds]
     longest = max(b - a for a, b in zip(walls, walls[1:]))
+    late = finished[1].stderr.count("test hook HVD_ADAPTIVE_SLOW_EVAL: 1.5 s late")
+    assert late == len(records(finished[0], "eval")), finished[1].stderr[-2000:]  # every one was late
     assert records(finished[0], "eval")[0]["epoch"] == 1.0  # and rounds followed it:
     assert any(r["epoch"] > 1 for r in rounds), rounds
     assert longest < SLOW_EVAL_S / 2, f"a round took {longest:.2f} s: {walls}"
@@ -46,6 +48,7 @@ def test_no_rank_calibrates_before_every_rank_is_in_its_quota(finished):
     # starting up (on full cores, where a quota was due) and then waited for it in the rates'
     # allgather, which calibration_s (rank 0's calibration and that allgather) counts.
     start = records(finished[0], "start")[0]
+    assert finished[1].stderr.count("test hook HVD_ADAPTIVE_SLOW_START: 1.5 s late") == 1, finished[1].stderr[-2000:]
     assert start["calibration_s"] < SLOW_EVAL_S / 2, start
 
 
@@ -115,3 +118,15 @@ def test_errors_still_reach_stderr(failed):
     assert start_up_lines(p.stderr) == [], p.stderr[-3000:]
 
 
+
+
+def test_progress_lines_come_at_once_then_every_log_every_s(finished):
+    """The first round says where training stands at once; later ones only when another
+    train.log_every_s (10 s by default) has passed, so this short run's 16 rounds print a line
+    or two, not one each."""
+    run_dir, p = finished
+    lines = [line for line in p.stdout.splitlines() if line.lstrip("[]0-9, rank").startswith("train epoch")]
+    rounds = records(run_dir, "round")
+    assert len(rounds) >= 10, len(rounds)
+    assert 1 <= len(lines) <= 3, lines
+    assert lines[0].split("|")[0].split()[-1] == f"{rounds[0]['epoch']:.2f}", (lines[0], rounds[0])
