@@ -54,26 +54,28 @@ def standalone(run: dict) -> list[float]:
     return [r["standalone_rate"] for r in run["summary"]["per_rank"]]
 
 
-def limits(runs: dict, target: float, phases: Optional[list] = None) -> dict:
+def limits(runs: dict, target: float, phases: Optional[list] = None,
+           reference: str = "sync") -> dict:
     """A scenario's limit from all its runs ({contender: [run, ...]}).
 
     Per rank the median standalone rate over every run of the scenario; `rate` is their sum;
-    `t` is sync's median rows to the target at that rate (phases: [(rows, factor of the last
-    rank)] of a time-varying scenario, each at its own sum); `spread` the largest over the
-    smallest sum of one run's standalone rates.
+    `t` is `reference`'s median rows to the target (sync's where the reference did not run) at
+    that rate (phases: [(rows, factor of the last rank)] of a time-varying scenario, each at its
+    own sum); `spread` the largest over the smallest sum of one run's standalone rates.
     """
     every = [standalone(r) for rs in runs.values() for r in rs]
     per_rank = [statistics.median(col) for col in zip(*every)]
     sums = [sum(x) for x in every]
     out = {"rate": sum(per_rank), "per_rank": per_rank, "spread": max(sums) / min(sums), "t": None}
-    sync_rows = median([time_to_target(r["evals"], target, key="samples") for r in runs.get("sync", [])])
-    if sync_rows:
+    ref = reference if runs.get(reference) else "sync"  # a scenario the reference sat out
+    ref_rows = median([time_to_target(r["evals"], target, key="samples") for r in runs.get(ref, [])])
+    if ref_rows:
         if not phases:
-            out["t"] = sync_rows / out["rate"]
+            out["t"] = ref_rows / out["rate"]
         else:
             t, done = 0.0, 0.0
             for rows_end, factor in phases:
-                part = min(rows_end, sync_rows) - done
+                part = min(rows_end, ref_rows) - done
                 if part > 0:
                     t += part / (sum(per_rank[:-1]) + per_rank[-1] / factor)
                     done += part

@@ -1,9 +1,9 @@
 """The scaling benchmark: 1 to N ranks on one machine, each rank in its own cgroup CPU quota.
 
 Usage:
-  bash launch/bench.sh scaling                       # 1, 2, 4, 8 ranks at a quarter core each
-  python -m hvd_adaptive.bench.speed --config configs/bench_quick.yaml --scaling 1 2 4 8 --core 0.25 \
-      --algorithms sync sync_prop adaptive auto --target 0.7324 --out runs/bench-scaling
+  bash launch/bench.sh scaling      # 67,009 labels on 1, 2, 4, 8 ranks at a quarter core each
+  python -m hvd_adaptive.bench.speed --config configs/bench.yaml --scaling 1 2 4 8 --core 0.25 \
+      --algorithms horovod sync adaptive --target 0.6202 0.6977 --seeds 1 2 3 --out runs/bench-scaling
   hvd-adaptive report --scaling runs/bench-scaling/scaling.json --out scaling.png
 
 Two cluster profiles (`hetero.cores`, hvd_adaptive/train/hetero.py), at every rank count:
@@ -11,23 +11,26 @@ Two cluster profiles (`hetero.cores`, hvd_adaptive/train/hetero.py), at every ra
   contends with another for a core and their speeds mean what the profile says);
 - ``half``: the last half of the ranks get half of that (slower machines whose communication
   and waiting slow down too).
-One rank runs sync only (minibatch SGD: every contender is that on one rank); the speedup of a
-contender at n ranks is that one rank's time to the target over the contender's own.
+One rank runs the reference only (`horovod` when it is a contender, else sync: minibatch SGD,
+what every contender is on one rank); the speedup of a contender at n ranks is that one rank's
+time to the target over the contender's own.
 
-Columns per profile, rank count and contender (medians over repeats): time and rows to the
-target, rows/s, speedup over one rank, its ceiling (the sum of the ranks' standalone rates over one
-rank's: ranks running at once share the machine's caches and memory bandwidth, so n ranks at a
-quarter core each train slower per rank than one rank alone), efficiency (rows/s over the sum of the ranks' standalone
-rates), the fraction of the limit (sync's rows to the target at that sum), the share of all ranks'
-time in communication (allreduces, merges, timing exchanges) and in waiting, and the largest
-peak resident memory of a rank.
+Columns per profile, rank count and contender (medians over the seeds): time to the target and
+its range, rows to it, rows/s, speedup over one rank, its ceiling (the sum of the ranks'
+standalone rates over one rank's: ranks running at once share the machine's caches and memory
+bandwidth, so n ranks at a quarter core each train slower per rank than one rank alone), the
+reference's time over the contender's seed by seed (median and range), efficiency (rows/s over
+the sum of the ranks' standalone rates), the fraction of the limit (the reference's rows to the
+target at that sum), the shares of all ranks' time computing, in communication (allreduces,
+merges, timing exchanges) and waiting ("-" for the plain script, which times none of it), and
+the largest peak resident memory of a rank.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from hvd_adaptive.bench.measure import limits, measures, median
+from hvd_adaptive.bench.measure import limits, measures, median, span
 from hvd_adaptive.bench.output import ReportError, align, save_png
 
 PROFILES = ("equal", "half")
@@ -55,32 +58,43 @@ def points(kinds: list[str], counts: list[int]) -> list[tuple[str, int]]:
     return out + [(k, n) for k in kinds for n in counts if n > 1]
 
 
-def rows(results: dict, target: float) -> list[dict]:
-    """One row per (profile, ranks, contender) from {(profile, ranks): {contender: [run, ...]}}."""
-    one = results.get(("equal", 1), {}).get("sync", [])
+def rows(results: dict, target: float, reference: str = "sync") -> list[dict]:
+    """One row per (profile, ranks, contender) from {(profile, ranks): {contender: [run, ...]}}.
+
+    Speedups are over the one-rank runs (whatever contender ran there); `ratio` is `reference`'s
+    time to the target over the contender's at the same point, seed by seed (the repeats of a
+    point are in seed order), median and range; the limit takes `reference`'s rows."""
+    one = next(iter(results.get(("equal", 1), {}).values()), [])
     t1 = median([measures(r, target)["t"] for r in one])
-    rate1 = limits({"sync": one}, target)["rate"] if one else None
+    rate1 = limits({"one": one}, target)["rate"] if one else None
     out = []
     for (kind, n), algos in results.items():
-        lim = limits(algos, target)
+        lim = limits(algos, target, reference=reference)
+        ref = [measures(r, target)["t"] for r in algos.get(reference, [])]
         for name, runs in algos.items():
             ms = [measures(r, target, lim) for r in runs]
             med = {k: median([m[k] for m in ms]) for k in ms[0]}
+            ratios = [a / m["t"] if a and m["t"] else None for a, m in zip(ref, ms)]
             peak = median([max(x.get("peak_rss_mb", 0.0) for x in r["summary"]["per_rank"]) for r in runs])
             out.append({"profile": kind, "ranks": n, "contender": name, "t": med["t"],
+                        "t_range": span([m["t"] for m in ms], "{:.1f}"),
                         "samples": med["samples"], "rate": med["rate"], "eff": med["eff"],
                         "of_limit": med["of_limit"],
                         "speedup": t1 / med["t"] if t1 and med["t"] else None,
                         "ceiling": lim["rate"] / rate1 if rate1 else None,
-                        "comm": (med["comm_s"] or 0.0) + (med["sync_s"] or 0.0),
+                        "ratio": median(ratios), "ratio_range": span(ratios),
+                        "compute": med["compute_s"],
+                        "comm": None if med["comm_s"] is None else med["comm_s"] + (med["sync_s"] or 0.0),
                         "wait": med["wait_s"], "peak_mb": peak, "repeats": len(runs)})
     return out
 
 
 COLUMNS = (("profile", "profile", "{}"), ("ranks", "ranks", "{}"), ("contender", "contender", "{}"),
-           ("s->target", "t", "{:.1f}"), ("rows->tgt", "samples", "{:.0f}"), ("rows/s", "rate", "{:.0f}"),
-           ("speedup", "speedup", "{:.2f}"), ("ceiling", "ceiling", "{:.2f}"), ("effic.", "eff", "{:.2f}"), ("of_limit", "of_limit", "{:.2f}"),
-           ("comm", "comm", "{:.2f}"), ("wait", "wait", "{:.2f}"), ("peak MB", "peak_mb", "{:.0f}"))
+           ("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("rows->tgt", "samples", "{:.0f}"),
+           ("rows/s", "rate", "{:.0f}"), ("speedup", "speedup", "{:.2f}"), ("ceiling", "ceiling", "{:.2f}"),
+           ("ref/this", "ratio", "{:.2f}"), ("range", "ratio_range", "{}"), ("effic.", "eff", "{:.2f}"),
+           ("of_limit", "of_limit", "{:.2f}"), ("compute", "compute", "{:.2f}"), ("comm", "comm", "{:.2f}"),
+           ("wait", "wait", "{:.2f}"), ("peak MB", "peak_mb", "{:.0f}"))
 
 
 def table(data: list[dict]) -> str:
@@ -109,14 +123,14 @@ def plot(path: str | Path, out: str | Path) -> Path:
     except (OSError, ValueError, KeyError) as e:
         raise ReportError(f"{path}: not a scaling.json written by the scaling benchmark ({e})") from None
     kinds = [k for k in PROFILES if any(r["profile"] == k and r["ranks"] > 1 for r in got)]
-    one = next((r["t"] for r in got if r["ranks"] == 1 and r["contender"] == "sync" and r["t"]), None)
+    one = next((r["t"] for r in got if r["ranks"] == 1 and r["t"]), None)
     fig, axes = plt.subplots(1, max(1, len(kinds)), figsize=(6 * max(1, len(kinds)), 4.5),
                              sharey=True, squeeze=False)
     names = list(dict.fromkeys(r["contender"] for r in got))
     counts = sorted({r["ranks"] for r in got})
     for ax, kind in zip(axes[0], kinds):
         for name in names:
-            # Every contender starts from the one-rank run (minibatch SGD, run once as sync).
+            # Every contender starts from the one-rank run (minibatch SGD, run once).
             pts = ([(1, one)] if one else []) + sorted(
                 (r["ranks"], r["t"]) for r in got
                 if r["contender"] == name and r["t"] and r["profile"] == kind and r["ranks"] > 1)

@@ -38,9 +38,9 @@ reference's time to target over the contender's, seed by seed (`horovod` when it
 > 1: sooner); the fraction of the limit; where the ranks' time went. Medians and ranges over the
 repeats, each its own seed.
 
-The limit is the time a perfect data-parallel method would take: sync's rows to the target at
-the sum of the ranks' standalone rates (each rank's own training step, timed at start-up in
-every run). One set of standalone rates serves every contender of a scenario: per rank, the
+The limit is the time a perfect data-parallel method would take: the reference's rows to the
+target (sync's in the scenarios `horovod` sits out) at the sum of the ranks' standalone rates
+(each rank's own training step, timed at start-up in every run). One set of standalone rates serves every contender of a scenario: per rank, the
 median over all the scenario's runs (every contender, every repeat), so no contender is judged
 by its own lucky or unlucky measurement; their spread is printed. In `vary` the slowed phase's
 rate of the last rank is its full-speed rate over the factor (sleep mode divides exactly).
@@ -149,7 +149,7 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
     lines = []
     for scenario, algos in results.items():
         reps = max(len(v) for v in algos.values())
-        lim = limits(algos, target, (phases or {}).get(scenario))
+        lim = limits(algos, target, (phases or {}).get(scenario), reference)
         head = (f"\n{scenario}  (target P@1 {target:.4f}; medians over {reps} repeat(s); time shares "
                 f"of all ranks)\n  standalone rows/s per rank (median of the scenario's runs): "
                 + ", ".join(f"{x:.0f}" for x in lim["per_rank"])
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     target = targets[-1]  # where every run stops
     (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
     if a.scaling:
-        return run_scaling(a, contenders, target, out, t0, seeds)
+        return run_scaling(a, contenders, targets, out, t0, seeds)
     phases: dict = {}
     for rep in range(a.repeats):
         for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
@@ -305,29 +305,33 @@ def seed_sets(seed: int) -> list[str]:
     return [f"train.seed={seed}", f"model.init_seed={seed}"]
 
 
-def run_scaling(a: argparse.Namespace, contenders: dict, target: float, out: Path, t0: float,
-                seeds: list[int]) -> int:
+def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], out: Path,
+                t0: float, seeds: list[int]) -> int:
     """The scaling benchmark (hvd_adaptive/bench/scaling.py): every contender at every rank count of
-    every profile, interleaved per repeat; writes bench.txt and scaling.json."""
+    every profile, interleaved per repeat, the runs stopping at the highest target; writes
+    bench.txt (a table a target) and scaling.json (the highest target's rows, the figure's)."""
     results: dict = {}
+    reference = reference_of(contenders)
     for rep in range(a.repeats):
         for kind, n in scaling.points(a.profiles, a.scaling):
             label, sets = scaling.profile_sets(kind, n, a.core)
             # One rank: minibatch SGD whatever the contender (speedups are over this run).
-            runs = {"sync": CONTENDERS["sync"]} if n == 1 else contenders
+            runs = {reference: contenders.get(reference, CONTENDERS[reference])} if n == 1 else contenders
             for name, csets in runs.items():
                 res = run_logged(a.config, n, csets + a.set + sets + seed_sets(seeds[rep])
-                                 + [f"train.target_p_at_1={target}"],
-                                 out / f"{kind}{n}-{name}-r{rep}", target,
-                                 f"{label}: {name} (repeat {rep + 1}/{a.repeats})", t0, name)
+                                 + [f"train.target_p_at_1={targets[-1]}"],
+                                 out / f"{kind}{n}-{name}-r{rep}", targets[-1],
+                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
-    data = scaling.rows(results, target)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
-            f"target P@1 {target:.4f}, medians over {a.repeats} repeat(s), overrides "
-            f"{a.set or 'none'}\n{scaling.table(data)}\n")
+            f"seeds {seeds}, overrides {a.set or 'none'}\n"
+            f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed\n")
+    for target in targets:
+        data = scaling.rows(results, target, reference)
+        text += f"\ntarget P@1 {target:.4f}, medians over {a.repeats} seed(s)\n{scaling.table(data)}\n"
     print(text)
     (out / "bench.txt").write_text(text)
-    scaling.save(data, target, a.core, out / "scaling.json")
+    scaling.save(data, targets[-1], a.core, out / "scaling.json")
     print(f"figure: hvd-adaptive report --scaling {out}/scaling.json --out {out}/scaling.png")
     return 0
 

@@ -21,3 +21,36 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     assert row[6] == "1.00", text
     assert not any(line.startswith("horovod") for line in slowed.splitlines()), text
     assert (out / "even-horovod-r0" / "summary.json").is_file()
+
+
+def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(tmp_path):
+    """The scaling study end to end on the tiny data under cgroup quotas: one rank runs the
+    plain Horovod script only (the speedups' base), every contender runs at 2 ranks, every
+    target gets its table with ratios against the script."""
+    import json
+    import sys
+
+    from tests.harness.mpirun import explain, mpi_env, run as run_job
+
+    out = tmp_path / "scaling"
+    p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
+                 "--scaling", "1", "2", "--core", "0.5", "--profiles", "equal",
+                 "--algorithms", "horovod", "sync", "--target", "0.4", "0.6", "--out", str(out)],
+                timeout=300, env=mpi_env())
+    assert p.returncode == 0, explain(p)
+    assert sorted(d.name for d in out.iterdir() if d.is_dir()) == [
+        "equal1-horovod-r0", "equal2-horovod-r0", "equal2-sync-r0"]
+    text = (out / "bench.txt").read_text()
+    assert "ref/this: horovod's time to the target" in text, text
+    tables = text.split("\ntarget P@1 ")[1:]
+    assert [t.split(",")[0] for t in tables] == ["0.4000", "0.6000"], text
+    for t in tables:
+        lines = t.splitlines()
+        head = lines[1].split()
+        rows = [dict(zip(head, line.split())) for line in lines[2:] if line.strip()]
+        assert [(r["ranks"], r["contender"]) for r in rows] == [("1", "horovod"), ("2", "horovod"),
+                                                               ("2", "sync")], t
+        assert rows[0]["speedup"] == "1.00" and rows[1]["ref/this"] == "1.00", t
+        assert float(rows[2]["ref/this"]) > 0 and rows[2]["of_limit"] != "-", t
+    saved = json.loads((out / "scaling.json").read_text())
+    assert saved["target"] == 0.6 and len(saved["rows"]) == 3

@@ -100,22 +100,36 @@ def test_scaling_profiles_points_and_table(tmp_path):
     assert scaling.points(["equal", "half"], [1, 2, 4]) == [("equal", 1), ("equal", 2), ("equal", 4),
                                                           ("half", 2), ("half", 4)]
     one = run([0.2, 0.5], 1.0, rates=(100.0,))  # 0.45 at 1.83 s, 183 rows
-    for r in (one,):
-        r["summary"]["per_rank"][0]["peak_rss_mb"] = 500.0
+    one["summary"]["per_rank"][0]["peak_rss_mb"] = 500.0
     two = run([0.5], 1.0, rates=(100.0, 100.0))  # 0.45 at 1.0 s, 100 rows
     two["summary"]["per_rank"][1]["peak_rss_mb"] = 520.0
-    data = scaling.rows({("equal", 1): {"sync": [one]}, ("equal", 2): {"adaptive": [two]}}, 0.45)
+    ref2 = [run([0.2, 0.5], 1.0, rates=(100.0, 100.0)), run([0.2, 0.2, 0.5], 1.0, rates=(100.0, 100.0))]
+    slow = run([0.2, 0.2, 0.2, 0.5], 1.0, rates=(100.0, 100.0))  # 3.83 s, 383 rows
+    slow["summary"]["per_rank"][0]["peak_rss_mb"] = 540.0
+    # one rank ran the reference only; the speedups are over it
+    data = scaling.rows({("equal", 1): {"horovod": [one]},
+                         ("equal", 2): {"horovod": ref2, "adaptive": [two, slow]}}, 0.45, "horovod")
     got = {(r["ranks"], r["contender"]): r for r in data}
-    assert got[(2, "adaptive")]["speedup"] == pytest.approx(1.8333, rel=1e-3)
-    assert got[(1, "sync")]["speedup"] == pytest.approx(1.0)
-    assert got[(2, "adaptive")]["ceiling"] == pytest.approx(2.0)  # 200 rows/s over one rank's 100
-    assert got[(2, "adaptive")]["peak_mb"] == 520.0
-    assert got[(2, "adaptive")]["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
+    ada = got[(2, "adaptive")]
+    assert ada["speedup"] == pytest.approx(1.8333 / 2.4167, rel=1e-3)  # median of 1.0 and 3.83 s
+    assert got[(1, "horovod")]["speedup"] == pytest.approx(1.0)
+    assert ada["ceiling"] == pytest.approx(2.0)  # 200 rows/s over one rank's 100
+    assert ada["peak_mb"] == 530.0  # the median over seeds of the largest rank's
+    assert ada["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
+    # seed by seed: horovod 1.83 s over 1.0 s, 2.83 s over 3.83 s
+    assert ada["ratio"] == pytest.approx((1.8333 + 2.8333 / 3.8333) / 2, rel=1e-3)
+    assert ada["ratio_range"] == "0.74-1.83"
+    assert got[(2, "horovod")]["ratio"] == pytest.approx(1.0)
+    # the limit: horovod's median rows (233) at 200 rows/s, 1.17 s, over each seed's time
+    assert ada["of_limit"] == pytest.approx((1.1667 + 1.1667 / 3.8333) / 2, rel=1e-3)
     lines = scaling.table(data).splitlines()
-    assert lines[0].split()[:4] == ["profile", "ranks", "contender", "s->target"]
-    assert lines[2].split()[:8] == ["equal", "2", "adaptive", "1.0", "100", "100", "1.83", "2.00"]
-    # of_limit: the scenario has no sync run at 2 ranks, so no limit: "-"
-    assert lines[2].split()[9] == "-"
+    assert lines[0].split()[:6] == ["profile", "ranks", "contender", "s->target", "range", "rows->tgt"]
+    assert lines[1].split()[:3] == ["equal", "1", "horovod"]
+    row = dict(zip(lines[0].split(), lines[3].split()))  # header names repeat ("range"): last wins
+    assert (row["contender"], row["speedup"], row["ref/this"], row["range"]) == ("adaptive", "0.76", "1.29", "0.74-1.83")
+    # of_limit without the reference at a point: no limit, "-"
+    lone = scaling.rows({("equal", 2): {"adaptive": [two]}}, 0.45, "horovod")
+    assert lone[0]["of_limit"] is None and lone[0]["ratio"] is None
     scaling.save(data, 0.45, 0.25, tmp_path / "scaling.json")
     png = scaling.plot(tmp_path / "scaling.json", tmp_path / "s.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
