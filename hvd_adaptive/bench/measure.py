@@ -93,3 +93,15 @@ def span(xs: list, fmt: str = "{:.2f}") -> Optional[str]:
     """"low-high" of the values that are not None; None for fewer than two."""
     xs = [x for x in xs if x is not None]
     return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else None
+
+
+def time_span(ts: list) -> Optional[str]:
+    """The range of the runs' times to a target ("low-high"), followed by "(k/n)" when only k
+    of the n runs reached it: the median beside it is over those k, so a contender that missed
+    the target in some seeds does not pass for one that reached it in all."""
+    got = span(ts, "{:.1f}") or ""
+    reached = sum(t is not None for t in ts)
+    if reached < len(ts):
+        got += f"({reached}/{len(ts)})"
+    return got or None
+

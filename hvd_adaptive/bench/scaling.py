@@ -16,7 +16,8 @@ what every contender is on one rank); the speedup of a contender at n ranks is t
 time to the target over the contender's own.
 
 Columns per profile, rank count and contender (medians over the seeds): time to the target and
-its range, rows to it, rows/s, speedup over one rank, its ceiling (the sum of the ranks'
+its range, rows to it and their multiple of one rank's (rows_x1: what the rank count costs in
+rows, as opposed to speed), rows/s, speedup over one rank, its ceiling (the sum of the ranks'
 standalone rates over one rank's: ranks running at once share the machine's caches and memory
 bandwidth, so n ranks at a quarter core each train slower per rank than one rank alone), the
 reference's time over the contender's seed by seed (median and range), efficiency (rows/s over
@@ -30,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hvd_adaptive.bench.measure import limits, measures, median, span
+from hvd_adaptive.bench.measure import limits, measures, median, span, time_span
 from hvd_adaptive.bench.output import ReportError, align, save_png
 
 PROFILES = ("equal", "half")
@@ -66,6 +67,7 @@ def rows(results: dict, target: float, reference: str = "sync") -> list[dict]:
     point are in seed order), median and range; the limit takes `reference`'s rows."""
     one = next(iter(results.get(("equal", 1), {}).values()), [])
     t1 = median([measures(r, target)["t"] for r in one])
+    rows1 = median([measures(r, target)["samples"] for r in one])
     rate1 = limits({"one": one}, target)["rate"] if one else None
     out = []
     for (kind, n), algos in results.items():
@@ -77,8 +79,9 @@ def rows(results: dict, target: float, reference: str = "sync") -> list[dict]:
             ratios = [a / m["t"] if a and m["t"] else None for a, m in zip(ref, ms)]
             peak = median([max(x.get("peak_rss_mb", 0.0) for x in r["summary"]["per_rank"]) for r in runs])
             out.append({"profile": kind, "ranks": n, "contender": name, "t": med["t"],
-                        "t_range": span([m["t"] for m in ms], "{:.1f}"),
+                        "t_range": time_span([m["t"] for m in ms]),
                         "samples": med["samples"], "rate": med["rate"], "eff": med["eff"],
+                        "rows_x": med["samples"] / rows1 if rows1 and med["samples"] else None,
                         "of_limit": med["of_limit"],
                         "speedup": t1 / med["t"] if t1 and med["t"] else None,
                         "ceiling": lim["rate"] / rate1 if rate1 else None,
@@ -91,10 +94,10 @@ def rows(results: dict, target: float, reference: str = "sync") -> list[dict]:
 
 COLUMNS = (("profile", "profile", "{}"), ("ranks", "ranks", "{}"), ("contender", "contender", "{}"),
            ("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("rows->tgt", "samples", "{:.0f}"),
-           ("rows/s", "rate", "{:.0f}"), ("speedup", "speedup", "{:.2f}"), ("ceiling", "ceiling", "{:.2f}"),
-           ("ref/this", "ratio", "{:.2f}"), ("range", "ratio_range", "{}"), ("effic.", "eff", "{:.2f}"),
-           ("of_limit", "of_limit", "{:.2f}"), ("compute", "compute", "{:.2f}"), ("comm", "comm", "{:.2f}"),
-           ("wait", "wait", "{:.2f}"), ("peak MB", "peak_mb", "{:.0f}"))
+           ("rows_x1", "rows_x", "{:.2f}"), ("rows/s", "rate", "{:.0f}"), ("speedup", "speedup", "{:.2f}"),
+           ("ceiling", "ceiling", "{:.2f}"), ("ref/this", "ratio", "{:.2f}"), ("range", "ratio_range", "{}"),
+           ("effic.", "eff", "{:.2f}"), ("of_limit", "of_limit", "{:.2f}"), ("compute", "compute", "{:.2f}"),
+           ("comm", "comm", "{:.2f}"), ("wait", "wait", "{:.2f}"), ("peak MB", "peak_mb", "{:.0f}"))
 
 
 def table(data: list[dict]) -> str:

@@ -52,6 +52,7 @@ The contenders' run folders keep their config, metrics and summary but no model
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -60,9 +61,9 @@ from typing import Optional
 
 from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
-from hvd_adaptive.bench.measure import limits, measures, median, span, time_to_target
+from hvd_adaptive.bench.measure import limits, measures, median, span, time_span, time_to_target
 from hvd_adaptive.bench.output import align
-from hvd_adaptive.train.records import METRICS, load_run
+from hvd_adaptive.train.records import METRICS, SUMMARY, load_run
 from hvd_adaptive.train.run import mpirun_command
 
 # name -> config overrides: every algorithm with its defaults, and named variants of them.
@@ -103,13 +104,28 @@ def skip_reason(contender: str, scenario: str) -> Optional[str]:
     return None
 
 
-def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: str = "") -> dict:
+ARGS_FILE = "bench-args.json"  # in a run's folder: the arguments the benchmark ran it with
+
+
+def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: str = "",
+            reuse: bool = False) -> dict:
     """Trains one contender (`contender` names a SCRIPTS entry, else `hvd-adaptive train`);
-    returns its summary and eval records."""
-    cmd, env = mpirun_command(ranks, train_args(config, sets, run_dir, contender))
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+    returns its summary and eval records. With `reuse`, a folder holding a finished run of the
+    same ranks and arguments (ARGS_FILE, written before each run) is read instead of run again:
+    an interrupted benchmark goes on where it stopped, and a finished one prints its tables
+    again."""
+    args = train_args(config, sets, run_dir, contender)
+    asked = {"ranks": ranks, "args": args}
+    done = run_dir / ARGS_FILE
+    if not (reuse and done.is_file() and (run_dir / SUMMARY).is_file()
+            and json.loads(done.read_text()) == asked):
+        cmd, env = mpirun_command(ranks, args)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        done.unlink(missing_ok=True)
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{run_dir.name} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
+        done.write_text(json.dumps(asked) + "\n")
     run = load_run(run_dir)
     if run.summary is None:
         raise RuntimeError(f"{run_dir.name} ended without its summary.json")
@@ -117,10 +133,10 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: 
 
 
 def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
-               what: str, t0: float, contender: str = "") -> dict:
+               what: str, t0: float, contender: str = "", reuse: bool = False) -> dict:
     """`run_one` with the benchmark's progress lines: what runs, then its time to the target."""
     print(f"[bench {time.time() - t0:6.0f} s] {what}", flush=True)
-    res = run_one(config, ranks, sets, run_dir, contender)
+    res = run_one(config, ranks, sets, run_dir, contender, reuse)
     t = time_to_target(res["evals"], target)
     print(f"    time to target {t if t is None else round(t, 1)} s", flush=True)
     return res
@@ -159,13 +175,14 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
         lines.append(head)
         m = {name: [measures(r, target, lim) for r in runs] for name, runs in algos.items()}
         ref = m.get(reference, [])
-        lines[-1] += f"\n  ref/this: {reference}'s time to the target over the contender's, per seed"
+        lines[-1] += (f"\n  ref/this: {reference}'s time to the target over the contender's, per seed; "
+                      "a range ending (k/n): k of the n seeds reached the target, the median is theirs")
         cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: median([x[k] for x in ms]) for k in ms[0]}
             ratios = [r["t"] / x["t"] if r["t"] and x["t"] else None for r, x in zip(ref, ms)]
             med["ratio"], med["ratio_range"] = median(ratios), span(ratios)
-            med["t_range"] = span([x["t"] for x in ms], "{:.1f}")
+            med["t_range"] = time_span([x["t"] for x in ms])
             cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
         lines.append(align(cells, text_columns=1))
     return "\n".join(lines)
@@ -235,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the repeats' seeds (default 1 to --repeats)")
     ap.add_argument("--set", action="append", default=[], help="extra overrides for every run")
     ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--reference", default=None,
+                    help="the contender every ratio and the limit are against (default: horovod "
+                         "when it runs, else sync)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="read the runs already finished in --out with the same arguments instead "
+                         "of running them again (an interrupted benchmark goes on; a finished one "
+                         "prints its tables)")
     ap.add_argument("--scaling", type=int, nargs="+", default=None, metavar="RANKS",
                     help="the scaling benchmark instead of --scenarios: these rank counts under "
                          "cluster profiles (hvd_adaptive/bench/scaling.py), e.g. 1 2 4 8")
@@ -247,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
     contenders = {name: CONTENDERS[name] for name in a.algorithms}
     contenders.update(parse_variants(a.variant))
+    if a.reference is not None and a.reference not in contenders:
+        raise SystemExit(f"--reference {a.reference}: not a contender of this run ({', '.join(contenders)})")
+    a.reference = a.reference or reference_of(contenders)
     seeds = a.seeds or list(range(1, a.repeats + 1))
     a.repeats = len(seeds)
     out = Path(a.out)
@@ -257,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if targets is None:  # sync's full run fixes the targets; every other run stops at the highest
         print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
         ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
-                      out / "reference-sync")
+                      out / "reference-sync", reuse=a.reuse)
         final = ref["summary"]["final"]["p_at_1"]
         targets = [0.8 * final, 0.9 * final]
         print(f"[bench] target P@1 {targets[0]:.4f} and {targets[1]:.4f} (80% and 90% of {final:.4f})",
@@ -289,10 +316,11 @@ def main(argv: list[str] | None = None) -> int:
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
                 tag = scen if scen in ("even", "vary") else f"{scen}{factor:g}"
                 res = run_logged(a.config, a.ranks, run_sets, out / f"{tag}-{name}-r{rep}", target,
-                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name)
+                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name,
+                                 a.reuse)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set or 'none'}\n"
-            + "\n".join(table(results, t, phases, reference_of(contenders)) for t in targets) + "\n")
+            + "\n".join(table(results, t, phases, a.reference) for t in targets) + "\n")
     print(text)
     (out / "bench.txt").write_text(text)
     print(f"runs in {out}/; plot with: hvd-adaptive report {out}/even-*-r0 --target {target:.4f} "
@@ -311,7 +339,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
     every profile, interleaved per repeat, the runs stopping at the highest target; writes
     bench.txt (a table a target) and scaling.json (the highest target's rows, the figure's)."""
     results: dict = {}
-    reference = reference_of(contenders)
+    reference = a.reference
     for rep in range(a.repeats):
         for kind, n in scaling.points(a.profiles, a.scaling):
             label, sets = scaling.profile_sets(kind, n, a.core)
@@ -321,11 +349,13 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
                 res = run_logged(a.config, n, csets + a.set + sets + seed_sets(seeds[rep])
                                  + [f"train.target_p_at_1={targets[-1]}"],
                                  out / f"{kind}{n}-{name}-r{rep}", targets[-1],
-                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name)
+                                 f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name,
+                                 a.reuse)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
             f"seeds {seeds}, overrides {a.set or 'none'}\n"
-            f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed\n")
+            f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
+            "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
     for target in targets:
         data = scaling.rows(results, target, reference)
         text += f"\ntarget P@1 {target:.4f}, medians over {a.repeats} seed(s)\n{scaling.table(data)}\n"

@@ -54,3 +54,12 @@ def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(t
         assert float(rows[2]["ref/this"]) > 0 and rows[2]["of_limit"] != "-", t
     saved = json.loads((out / "scaling.json").read_text())
     assert saved["target"] == 0.6 and len(saved["rows"]) == 3
+    # --reuse reads the finished runs of the same arguments: the tables again, nothing rerun
+    # but the one whose arguments changed (its folder's arguments file removed by hand here)
+    stamps = {d.name: (d / "summary.json").stat().st_mtime_ns for d in out.iterdir() if d.is_dir()}
+    (out / "equal2-sync-r0" / "bench-args.json").unlink()
+    again = run_job(p.args + ["--reuse"], timeout=300, env=mpi_env())
+    assert again.returncode == 0, explain(again)
+    now = {d.name: (d / "summary.json").stat().st_mtime_ns for d in out.iterdir() if d.is_dir()}
+    assert [n for n in stamps if now[n] != stamps[n]] == ["equal2-sync-r0"], (stamps, now)
+    assert (out / "bench.txt").read_text().splitlines()[0] == text.splitlines()[0]

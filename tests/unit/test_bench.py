@@ -40,7 +40,7 @@ def test_table_medians_ratio_limit_and_missing_values():
     # sum, and at the limit
     assert lines[5].split()[:9] == ["sync", "1.8", "1.0-2.8", "183", "100", "1.00", "1.00", "1.00-1.00", "1.00"]
     # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction
-    assert lines[6].split() == ["adaptive", "-", "-", "-", "-", "-", "-", "-", "-", "0.75", "0.25",
+    assert lines[6].split() == ["adaptive", "-", "(0/1)", "-", "-", "-", "-", "-", "-", "0.75", "0.25",
                                 "0.00", "0.00", "0.00"]
     # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50
     assert lines[7].split()[6:8] == ["1.50", "0.27-1.83"]
@@ -114,6 +114,7 @@ def test_scaling_profiles_points_and_table(tmp_path):
     assert ada["speedup"] == pytest.approx(1.8333 / 2.4167, rel=1e-3)  # median of 1.0 and 3.83 s
     assert got[(1, "horovod")]["speedup"] == pytest.approx(1.0)
     assert ada["ceiling"] == pytest.approx(2.0)  # 200 rows/s over one rank's 100
+    assert ada["rows_x"] == pytest.approx(241.67 / 183.33, rel=1e-3)  # median of 100 and 383 rows
     assert ada["peak_mb"] == 530.0  # the median over seeds of the largest rank's
     assert ada["comm"] == pytest.approx(0.5)  # comm 1 s of 2 s per rank
     # seed by seed: horovod 1.83 s over 1.0 s, 2.83 s over 3.83 s
@@ -163,3 +164,28 @@ def test_the_plain_horovod_script_is_a_contender_of_its_own():
     assert m["compute_s"] is None and m["comm_s"] is None and m["t"] == pytest.approx(1.8333, rel=1e-3)
 
 
+
+
+def test_a_time_range_says_how_many_seeds_reached_the_target():
+    from hvd_adaptive.bench.measure import time_span
+
+    assert time_span([2.0, 1.0, 3.0]) == "1.0-3.0"
+    assert time_span([2.0, None, 3.0]) == "2.0-3.0(2/3)"
+    assert time_span([2.0, None]) == "(1/2)"
+    assert time_span([None]) == "(0/1)"
+    assert time_span([2.0]) is None
+    # in the benchmark's table: a contender that missed the target in one seed of two
+    results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.5], 1.0)],
+                        "adaptive": [run([0.5], 1.0), run([0.2, 0.3], 1.0)]}}
+    row = next(line.split() for line in table(results, 0.45).splitlines() if line.startswith("adaptive"))
+    assert row[1:3] == ["1.0", "(1/2)"]
+
+
+def test_a_reference_that_is_not_a_contender_is_refused_before_any_run(tmp_path):
+    from hvd_adaptive.bench.speed import main
+
+    with pytest.raises(SystemExit, match="--reference adaptive_f16: not a contender of this run "
+                                         r"\(sync, adaptive\)"):
+        main(["--config", "configs/tiny.yaml", "--algorithms", "sync", "adaptive",
+              "--reference", "adaptive_f16", "--target", "0.5", "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b").exists()
