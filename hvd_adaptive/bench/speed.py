@@ -34,20 +34,23 @@ The targets are 80% and 90% of sync's final P@1 in a full-length run without slo
 Time and samples to target are interpolated linearly between evaluations
 (every `train.eval_every` epochs). Columns: time to target; samples to target (statistical
 efficiency); samples per second up to then (hardware efficiency); cluster efficiency; the
-reference's time to target over the contender's, seed by seed (`horovod` when it runs, else sync;
-> 1: sooner); the fraction of the limit; where the ranks' time went. Medians and ranges over the
-repeats, each its own seed.
+reference's time to target over the contender's, seed by seed (`--reference`, by default
+`horovod` when it runs, else sync; > 1: sooner); the fraction of the limit; where the ranks'
+time went. Medians and ranges over the repeats, each its own seed; a time range ending "(k/n)"
+says only k of the n seeds reached the target, and the median is theirs.
 
 The limit is the time a perfect data-parallel method would take: the reference's rows to the
 target (sync's in the scenarios `horovod` sits out) at the sum of the ranks' standalone rates
-(each rank's own training step, timed at start-up in every run). One set of standalone rates serves every contender of a scenario: per rank, the
-median over all the scenario's runs (every contender, every repeat), so no contender is judged
-by its own lucky or unlucky measurement; their spread is printed. In `vary` the slowed phase's
+(each rank's own training step, timed at start-up in every run). One set of standalone rates
+serves every contender of a scenario: per rank, the median over all the scenario's runs (every
+contender, every repeat), so no contender is judged by its own lucky or unlucky measurement;
+their spread is printed. In `vary` the slowed phase's
 rate of the last rank is its full-speed rate over the factor (sleep mode divides exactly).
 Cluster efficiency is a run's rows/s over that sum.
 
 The contenders' run folders keep their config, metrics and summary but no model
-(`checkpoint.keep=0`).
+(`checkpoint.keep=0`), and the arguments they ran with (ARGS_FILE): `--reuse` reads a finished
+run of the same arguments instead of running it again.
 """
 from __future__ import annotations
 
