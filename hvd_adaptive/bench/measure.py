@@ -104,4 +104,3 @@ def time_span(ts: list) -> Optional[str]:
     if reached < len(ts):
         got += f"({reached}/{len(ts)})"
     return got or None
-

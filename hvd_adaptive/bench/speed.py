@@ -114,7 +114,7 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: 
             reuse: bool = False) -> dict:
     """Trains one contender (`contender` names a SCRIPTS entry, else `hvd-adaptive train`);
     returns its summary and eval records. With `reuse`, a folder holding a finished run of the
-    same ranks and arguments (ARGS_FILE, written before each run) is read instead of run again:
+    same ranks and arguments (ARGS_FILE, written once the run finished) is read, not run again:
     an interrupted benchmark goes on where it stopped, and a finished one prints its tables
     again."""
     args = train_args(config, sets, run_dir, contender)
@@ -359,12 +359,12 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
             f"seeds {seeds}, overrides {a.set or 'none'}\n"
             f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
             "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
+    data = {target: scaling.rows(results, target, reference) for target in targets}
     for target in targets:
-        data = scaling.rows(results, target, reference)
-        text += f"\ntarget P@1 {target:.4f}, medians over {a.repeats} seed(s)\n{scaling.table(data)}\n"
+        text += f"\ntarget P@1 {target:.4f}, medians over {a.repeats} seed(s)\n{scaling.table(data[target])}\n"
     print(text)
     (out / "bench.txt").write_text(text)
-    scaling.save(data, targets[-1], a.core, out / "scaling.json")
+    scaling.save(data[targets[-1]], targets[-1], a.core, out / "scaling.json")
     print(f"figure: hvd-adaptive report --scaling {out}/scaling.json --out {out}/scaling.png")
     return 0
 

@@ -128,7 +128,10 @@ def test_scaling_profiles_points_and_table(tmp_path):
     assert lines[1].split()[:3] == ["equal", "1", "horovod"]
     row = dict(zip(lines[0].split(), lines[3].split()))  # header names repeat ("range"): last wins
     assert (row["contender"], row["speedup"], row["ref/this"], row["range"]) == ("adaptive", "0.76", "1.29", "0.74-1.83")
-    # of_limit without the reference at a point: no limit, "-"
+    # a point the reference sat out (a sleep scenario): the limit takes sync's rows instead
+    from hvd_adaptive.bench.measure import limits
+    assert limits({"sync": ref2, "adaptive": [two]}, 0.45, reference="horovod")["t"] == pytest.approx(1.1667, rel=1e-3)
+    # of_limit without the reference or sync at a point: no limit, "-"
     lone = scaling.rows({("equal", 2): {"adaptive": [two]}}, 0.45, "horovod")
     assert lone[0]["of_limit"] is None and lone[0]["ratio"] is None
     scaling.save(data, 0.45, 0.25, tmp_path / "scaling.json")
