@@ -121,7 +121,10 @@ class Net(tf.Module):
     def loss(self, ids, vals, seg, labels, label_row, n, training=True):
         """Mean over the rows with labels of softmax cross-entropy against their labels, each of
         a row's k labels weighted 1/k (the multi-hot target normalized to sum 1)."""
-        z = self.logits(ids, vals, seg, n, training=training)
+        return self.xent(self.logits(ids, vals, seg, n, training=training), labels, label_row, n)
+
+    @staticmethod
+    def xent(z, labels, label_row, n):
         k = tf.math.unsorted_segment_sum(tf.ones_like(labels, tf.float32), label_row, n)
         target = tf.gather_nd(z, tf.stack([label_row, labels], 1)) / tf.gather(k, label_row)
         xent = tf.reduce_logsumexp(z, 1) - tf.math.unsorted_segment_sum(target, label_row, n)
@@ -206,10 +209,12 @@ class PlainHorovod:
             return tf.math.top_k(self.net.logits(ids, vals, seg, n), k=min(5, n_labels)).indices
 
         @tf.function(input_signature=SIGNATURE, autograph=False)
-        def held_out_loss(*b):
-            return self.net.loss(*b, training=False)
+        def held_out(ids, vals, seg, labels, label_row, n):  # optim.lr auto's judge
+            z = self.net.logits(ids, vals, seg, n)
+            top = tf.math.top_k(z, k=min(tune.TOP_K, n_labels)).indices
+            return self.net.xent(z, labels, label_row, n), top
 
-        self.step, self.alone, self.top5, self.held_out_loss = step, alone, top5, held_out_loss
+        self.step, self.alone, self.top5, self.held_out = step, alone, top5, held_out
 
     @contextmanager
     def unchanged(self):
@@ -280,19 +285,19 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
         return None
     rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
     steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
-    held = batch(train, held_rows)
+    held = tune.HeldOut(train, held_rows, cfg.train.eval_memory_mb, lambda r: batch(train, r))
 
     with plain.unchanged() as restore:
-        def try_rate(lr: float) -> float:
+        def try_rate(lr: float) -> tuple[float, float]:
             plain.opt.lr.assign(lr)
             for b in steps:
                 plain.alone(*b)
-            loss = float(plain.held_out_loss(*held))
+            judged = held(plain.held_out)
             restore()
-            return loss
+            return judged
 
         choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
-                             lambda: float(plain.held_out_loss(*held)), hvd.rank(), hvd.size(),
+                             lambda: held(plain.held_out)[0], hvd.rank(), hvd.size(),
                              hvd.allgather_object, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)
@@ -316,7 +321,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     with plain.unchanged():  # traced and run once before the clock, as the project's steps
         plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
         if cfg.optim.lr == "auto":
-            plain.held_out_loss(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
+            plain.held_out(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
     evaluate(plain, test_ds, cfg, inv_prop, rows=1)  # traced before the clock and any quota
     quota = Heterogeneity(cfg.hetero, rank)
     said = quota.start(threads, tag=f"rank{rank}-{os.getpid()}")

@@ -214,6 +214,14 @@ class SparseMLP(tf.Module):
         return self.candidate_loss(feat_ids, feat_vals, feat_seg, cand, corr, label_pos, label_seg,
                                    label_w, size, training)
 
+    def loss_and_top(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
+                     k: int = 5):
+        """From one pass over every label: the full softmax's cross-entropy (whatever
+        `output`; the loss a sampled model approximates) and each row's k best labels."""
+        z = self.logits(feat_ids, feat_vals, feat_seg, size)
+        top = tf.math.top_k(z, k=min(k, self.n_labels)).indices
+        return _softmax_xent(z, label_ids, label_seg, label_w, size), top
+
     def candidates(self, label_ids):
         """The batch's candidate labels: its positives (always in, no correction) then
         `negatives` labels drawn without replacement by TensorFlow's candidate sampler, each

@@ -1,16 +1,18 @@
 """`optim.lr: auto`: the learning rate chosen for the data, model and batch by a short probe.
 
-Every candidate rate trains the same rows from the same start for a few steps, and the rate
-whose model has the lowest loss on rows it did not train wins. The candidates are powers of 2
-around a centre taken from the data (`centre`), and the search goes on past the lowest or
-highest rate while the best is there (`choose`). The ranks share each round's candidates, and
-every rank takes the same choice from one allgather of the losses a round. The
-probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what a
-choice costs counts in the time to a target.
+Every candidate rate trains the same rows from the same start for a few steps and is judged on
+rows it did not train: the highest precision at 5 wins among the candidates whose cross-entropy
+is within LOSS_SLACK of the lowest (`pick`). The candidates are powers of 2 around a centre
+taken from the data (`centre`), and the search goes on past the lowest or highest rate while
+the pick is there (`choose`). The ranks share each round's candidates, and every rank takes the
+same choice from one allgather of the judgements a round. The probe runs inside each rank's
+slowdown and its seconds are charged to the run's clock: what a choice costs counts in the time
+to a target.
 
-The rule, the candidates and the probe's size are the module's; how a candidate trains is the
-caller's (`choose`), so the project's algorithms (`probe`) and the plain Horovod script of the
-benchmark (hvd_adaptive.bench.plain_horovod) choose the same way with their own steps.
+The rule, the candidates and the probe's size are the module's; how a candidate trains and how
+its held-out rows are scored are the caller's (`choose`, `HeldOut`), so the project's algorithms
+(`probe`) and the plain Horovod script of the benchmark (hvd_adaptive.bench.plain_horovod)
+choose the same way with their own steps.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 from hvd_adaptive.config import ConfigError
+from hvd_adaptive.model.metrics import hits_matrix
 
 # Candidates are the centre times powers of 2. Adagrad-type optimizers step each weight by
 # about lr whatever its gradient, so a step moves the input layer's output by about lr times a
@@ -33,9 +36,13 @@ from hvd_adaptive.config import ConfigError
 ADAGRAD_STEP = 0.25
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
-PROBE_STEPS = 8         # steps each candidate trains
+PROBE_STEPS = 32        # steps each candidate trains
 PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
-HELD_OUT_ROWS = 512     # rows, not trained by the probe, whose loss judges the candidates
+HELD_OUT_ROWS = 2048    # rows, not trained by the probe, that judge the candidates
+TOP_K = 5               # the judge's precision at k
+# A candidate whose held-out loss is more than this fraction above the lowest is not picked,
+# however it ranks: short probes see a too-large rate rank well before its loss shows it.
+LOSS_SLACK = 0.02
 PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
 
 
@@ -46,6 +53,7 @@ class LrChoice:
     lr: float
     candidates: list
     losses: list           # held-out loss after the probe, per candidate (nan: diverged)
+    p_at_5: list           # held-out precision at 5 after the probe, per candidate
     start_loss: float      # held-out loss of the untrained start
     steps: int
     rows: int              # rows a candidate trained
@@ -58,10 +66,11 @@ class LrChoice:
         return {k: short(v) for k, v in asdict(self).items()}
 
     def line(self) -> str:
-        tried = ", ".join(f"{c:g}: {l:.4f}" for c, l in zip(self.candidates, self.losses))
-        return (f"optim.lr auto: {self.lr:g} (held-out loss after {self.steps} steps of "
-                f"{self.rows // max(self.steps, 1)} rows from {self.start_loss:.4f}: {tried}; "
-                f"{self.seconds:.2f} s, charged to the clock)")
+        tried = ", ".join(f"{c:g}: {l:.4f}/{p:.4f}" for c, l, p in
+                          zip(self.candidates, self.losses, self.p_at_5))
+        return (f"optim.lr auto: {self.lr:g} (held-out loss/P@5 of {self.held_out_rows} rows "
+                f"after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
+                f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
 @contextmanager
@@ -103,37 +112,75 @@ def centre(optimizer: str, ds, rows: np.ndarray) -> float:
     return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
 
 
-def pick(candidates: Sequence[float], losses: Sequence[float], start_loss: float,
-         optimizer: str) -> float:
-    """The candidate with the lowest held-out loss.
+class HeldOut:
+    """The probe's judge: its held-out rows in chunks whose logits over every label fit in
+    `memory_mb`, each chunk's batch built once by `make_batch` (rows of `ds` -> the batch the
+    caller's scoring function takes)."""
+
+    def __init__(self, ds, rows: np.ndarray, memory_mb: float,
+                 make_batch: Callable[[np.ndarray], tuple]):
+        per = max(1, int(memory_mb * 2**20 // (4 * max(ds.n_labels, 1))))
+        parts = np.array_split(rows, max(1, math.ceil(len(rows) / per)))
+        self.parts = [(make_batch(r), ds.subset(r)) for r in parts if len(r)]
+        self.rows = len(rows)
+
+    def __call__(self, scores: Callable[..., tuple]) -> tuple[float, float]:
+        """(mean cross-entropy over the rows with labels, precision at TOP_K) of the model
+        as it stands; `scores(*batch)` returns a chunk's mean loss and its top labels."""
+        loss_sum = labeled = hits = 0.0
+        for b, sub in self.parts:
+            loss, top = scores(*b)
+            has = float((np.diff(sub.label_indptr) > 0).sum())
+            loss_sum += float(loss) * has
+            labeled += has
+            hits += float(hits_matrix(np.asarray(top), sub.label_indptr, sub.label_indices).sum())
+        return loss_sum / max(labeled, 1.0), hits / (TOP_K * max(self.rows, 1))
+
+
+def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
+    """The index `pick` takes: among the finite losses within LOSS_SLACK of the lowest, the
+    highest precision at 5, then the lower loss; None when no loss is finite."""
+    finite = [i for i, l in enumerate(losses) if math.isfinite(l)]
+    if not finite:
+        return None
+    low = min(losses[i] for i in finite)
+    near = [i for i in finite if losses[i] <= low + LOSS_SLACK * abs(low)]
+    return max(near, key=lambda i: (p_at_5[i], -losses[i]))
+
+
+def pick(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
+         start_loss: float, optimizer: str) -> float:
+    """The candidate `best` takes.
 
     Raises:
         ConfigError: no candidate lowered the held-out loss below the start's (rows without
             labels, labels unrelated to the features, or every rate diverged).
     """
-    finite = [(l, c) for c, l in zip(candidates, losses) if math.isfinite(l)]
-    if not finite or min(finite)[0] >= start_loss * (1 - 1e-4):
+    finite = [l for l in losses if math.isfinite(l)]
+    if not finite or min(finite) >= start_loss * (1 - 1e-4):
         tried = ", ".join(f"{c:g}: {l:.4g}" for c, l in zip(candidates, losses))
         raise ConfigError(
             f"optim.lr=auto: no candidate rate of {optimizer} learned in the probe (held-out loss "
             f"from {start_loss:.4g} to {tried}); check that the training rows have labels that "
             "depend on their features, or pin optim.lr")
-    return min(finite)[1]
+    return candidates[best(losses, p_at_5)]
 
 
-def choose(start: float, try_rate: Callable[[float], float], start_loss: Callable[[], float],
-           rank: int, size: int, allgather: Callable[[object], list], optimizer: str) -> LrChoice:
+def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
+           start_loss: Callable[[], float], rank: int, size: int,
+           allgather: Callable[[object], list], optimizer: str) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
-    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 (more, centred, when there are more
-    ranks); while the lowest held-out loss is at the lowest or highest rate tried, the next
-    round goes further that way, one candidate a rank, at most MAX_DOUBLINGS from `start`.
-    In a round rank r tries candidates r, r + size, ...; one allgather a round shares the losses.
+    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on two
+    (a multiple of the ranks, centred, one more below on even counts); while `best` is the lowest or highest rate tried, the next round goes further that
+    way, one candidate a rank, at most MAX_DOUBLINGS from `start`. In a round rank r tries
+    candidates r, r + size, ...; one allgather a round shares the judgements.
 
     Args:
         start: the centre of the search (`centre`).
         try_rate: trains the probe's rows at a rate from the common start and returns the
-            held-out loss (nan or inf when it diverged); leaves the start as it found it.
+            held-out (loss, precision at 5) (a loss of nan or inf when it diverged); leaves the
+            start as it found it.
         start_loss: returns the held-out loss of the start.
         rank, size: this rank and the ranks sharing the candidates.
         allgather: the job's allgather of a Python object.
@@ -141,63 +188,67 @@ def choose(start: float, try_rate: Callable[[float], float], start_loss: Callabl
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
-    width = max(3, size)
+    # At least 3 candidates, as many as keep every rank busy: 2 ranks try 4, the fourth one
+    # doubling below the rest (the side the rows' norm leaves open; see `centre`).
+    width = size * math.ceil(3 / size)
     todo = [j - width // 2 for j in range(width)]
-    losses: dict[int, float] = {}
+    judged: dict[int, tuple[float, float]] = {}
     while todo:
         mine = {}
         for j in todo[rank::size]:
-            loss = float(try_rate(start * 2.0 ** j))
-            mine[j] = loss if math.isfinite(loss) else float("nan")
+            loss, p5 = (float(x) for x in try_rate(start * 2.0 ** j))
+            mine[j] = (loss if math.isfinite(loss) else float("nan"), p5)
         for part in allgather(mine):
-            losses.update(part)
-        finite = [(l, j) for j, l in losses.items() if math.isfinite(l)]
-        if finite and min(finite)[0] >= start_loss * (1 - 1e-4):
+            judged.update(part)
+        js = sorted(judged)
+        losses = [judged[j][0] for j in js]
+        finite = [l for l in losses if math.isfinite(l)]
+        if finite and min(finite) >= start_loss * (1 - 1e-4):
             break  # nothing learns at any rate tried: no direction to search (`pick` says so)
-        best = min(finite)[1] if finite else min(losses)
-        lo, hi = min(losses), max(losses)
-        if best == lo and lo > -MAX_DOUBLINGS:
-            todo = [lo - 1 - i for i in range(size) if lo - 1 - i >= -MAX_DOUBLINGS]
-        elif best == hi and hi < MAX_DOUBLINGS and finite:
-            todo = [hi + 1 + i for i in range(size) if hi + 1 + i <= MAX_DOUBLINGS]
+        i = best(losses, [judged[j][1] for j in js])
+        top = js[i] if i is not None else js[0]
+        lo, hi = js[0], js[-1]
+        if top == lo and lo > -MAX_DOUBLINGS:
+            todo = [lo - 1 - k for k in range(size) if lo - 1 - k >= -MAX_DOUBLINGS]
+        elif top == hi and hi < MAX_DOUBLINGS and finite:
+            todo = [hi + 1 + k for k in range(size) if hi + 1 + k <= MAX_DOUBLINGS]
         else:
             todo = []
     # Every rank charges the same seconds to its clock: the slowest rank's whole search.
     seconds = max(allgather(time.perf_counter() - t0))
-    js = sorted(losses)
+    js = sorted(judged)
     rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
-    ordered = [losses[j] for j in js]
-    return LrChoice(lr=pick(rates, ordered, start_loss, optimizer), candidates=rates,
-                    losses=ordered, start_loss=float(start_loss), steps=PROBE_STEPS, rows=0,
-                    held_out_rows=0, seconds=seconds)
+    losses = [judged[j][0] for j in js]
+    p5s = [judged[j][1] for j in js]
+    return LrChoice(lr=pick(rates, losses, p5s, start_loss, optimizer), candidates=rates,
+                    losses=losses, p_at_5=p5s, start_loss=float(start_loss), steps=PROBE_STEPS,
+                    rows=0, held_out_rows=0, seconds=seconds)
 
 
 def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
     """`optim.lr: auto` for one of the project's algorithms: each candidate runs the algorithm's
     local training step (`Algorithm.local_step`'s traced function, with its slowdown) on the
-    probe's rows from the model as it stands, which is then put back (`Algorithm.unchanged`).
-    None when the rate is pinned."""
+    probe's rows from the model as it stands, which is then put back (`Algorithm.unchanged`),
+    and is judged by `Algorithm.held_out`. None when the rate is pinned."""
     cfg = algo.cfg
     if cfg.optim.lr != "auto":
         return None
     ds = algo.ctx.train
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [algo.batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
-    held = algo.batch(held_rows)
-
-    def held_out_loss() -> float:
-        return float(algo.held_out_loss(*held))
+    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, algo.batch)
 
     with algo.unchanged() as restore:
-        def try_rate(lr: float) -> float:
+        def try_rate(lr: float) -> tuple[float, float]:
             algo.opt.lr.assign(lr)
             for b in steps:
                 algo.probe_step(*b)
-            loss = held_out_loss()
+            judged = held(algo.held_out)
             restore()
-            return loss
+            return judged
 
-        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, held_out_loss,
-                        algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
+                        lambda: held(algo.held_out)[0], algo.cluster.rank, algo.cluster.size,
+                        allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.data import preset, synth_to_files
+from hvd_adaptive.train import tune
 from tests.harness.mpirun import explain, mpirun, records, train
 
 ADAGRAD = ("optim.name=rowwise_adagrad", "optim.lr=auto")
@@ -26,7 +27,8 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
     assert 0 < best < len(choice["candidates"]) - 1, "the search goes on past an edge"
     assert all(math.isfinite(l) for l in choice["losses"]), choice  # each rank tried its share
     assert min(choice["losses"]) < choice["start_loss"]
-    assert choice["losses"][choice["candidates"].index(choice["lr"])] == min(choice["losses"])
+    assert best == tune.best(choice["losses"], choice["p_at_5"]), choice  # the rule's pick
+    assert all(0 <= p <= 1 for p in choice["p_at_5"]), choice
     assert choice["seconds"] > 0
     rounds = records(tmp_path / "run", "round")
     # The clock's first reading is the probe's seconds plus the first round, whose time rank 0's
@@ -84,7 +86,7 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
     for scale in (1.0, 16.0):
         p = _tune(tmp_path, f"tune{scale:g}", *_files(tmp_path, scale))
         assert p.returncode == 0, explain(p)
-        line = re.search(r"optim.lr auto: ([0-9.]+) \(held-out loss", p.stdout)
+        line = re.search(r"optim.lr auto: ([0-9.]+) \(held-out loss/P@5 of", p.stdout)
         assert line, p.stdout
         chosen[scale] = float(line.group(1))
         assert not records(tmp_path / f"tune{scale:g}", "round"), "tune trained"
@@ -112,7 +114,9 @@ def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
     theirs = records(tmp_path / "plain", "start")[0]["lr_choice"]
     assert theirs["lr"] == ours["lr"] and theirs["candidates"] == ours["candidates"]
     assert records(tmp_path / "plain", "start")[0]["lr"] == pytest.approx(ours["lr"])
-    assert theirs["losses"] == pytest.approx(ours["losses"], rel=1e-4), (theirs, ours)
+    # 32 steps of float32 in two implementations: 2e-4 apart at the largest rate, seen once.
+    assert theirs["losses"] == pytest.approx(ours["losses"], rel=1e-3), (theirs, ours)
+    assert theirs["p_at_5"] == pytest.approx(ours["p_at_5"], abs=1e-3), (theirs, ours)
     assert theirs["start_loss"] == pytest.approx(ours["start_loss"], rel=1e-5)
     assert project["final"]["p_at_1"] > 0
 

@@ -8,17 +8,22 @@ import pytest
 from hvd_adaptive.train import tune
 from hvd_adaptive.config import ConfigError, load_config
 
-def test_the_lowest_held_out_loss_wins_and_no_learning_is_an_error():
-    assert tune.pick([0.1, 0.2, 0.4], [2.0, 1.5, 1.7], 3.0, "adagrad") == 0.2
-    assert tune.pick([0.1, 0.2, 0.4], [2.0, float("nan"), 1.9], 3.0, "adagrad") == 0.4
+def test_the_best_precision_wins_among_losses_near_the_lowest_and_no_learning_is_an_error():
+    nan = float("nan")
+    # Within LOSS_SLACK (2%) of the lowest loss, the highest P@5 wins...
+    assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.03, 2.02], [0.30, 0.33, 0.31], 3.0, "adagrad") == 0.2
+    # ... but not a candidate whose loss is further above, however well it ranks ...
+    assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.05, 2.5], [0.30, 0.33, 0.40], 3.0, "adagrad") == 0.1
+    # ... a tie in P@5 goes to the lower loss, and a diverged candidate is never picked.
+    assert tune.pick([0.1, 0.2, 0.4], [2.01, 2.0, nan], [0.3, 0.3, 0.9], 3.0, "adagrad") == 0.2
     with pytest.raises(ConfigError, match=r"optim.lr=auto: no candidate rate of adagrad learned .* "
                                           r"from 3 to 0.1: 3, 0.2: nan.*pin optim.lr"):
-        tune.pick([0.1, 0.2], [3.0, float("nan")], 3.0, "adagrad")
+        tune.pick([0.1, 0.2], [3.0, nan], [0.5, 0.5], 3.0, "adagrad")
 
 
 def test_the_search_goes_past_the_edges_and_stops_at_the_best():
-    """A held-out loss lowest at 0.3 x 2^-3, one rank: rounds -1, 0, 1; then -2; -3; -4, and
-    the choice inside what was tried."""
+    """A held-out P@5 highest at 0.3 x 2^-3 (the losses all alike), one rank: rounds -1, 0, 1;
+    then -2; -3; -4, and the choice inside what was tried."""
     rounds = []
 
     def allgather(x):
@@ -26,10 +31,10 @@ def test_the_search_goes_past_the_edges_and_stops_at_the_best():
             rounds.append(sorted(x))
         return [x]
 
-    def loss(lr):
-        return (math.log2(lr / 0.3) + 3) ** 2 + 1.0
+    def judged(lr):
+        return 1.0, 1.0 / ((math.log2(lr / 0.3) + 3) ** 2 + 1.0)
 
-    c = tune.choose(0.3, loss, lambda: 100.0, rank=0, size=1, allgather=allgather, optimizer="adagrad")
+    c = tune.choose(0.3, judged, lambda: 100.0, rank=0, size=1, allgather=allgather, optimizer="adagrad")
     assert c.lr == pytest.approx(0.3 / 8, rel=1e-3)
     assert c.candidates == pytest.approx([0.3 * 2.0 ** j for j in range(-4, 2)], rel=1e-3)
     assert rounds == [[-1, 0, 1], [-2], [-3], [-4]]
@@ -62,3 +67,32 @@ def test_auto_is_the_default_rate_and_a_number_pins_it():
         load_config("configs/tiny.yaml", ["optim.lr=fast"])
 
 
+
+
+def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
+    """Held-out loss averaged over the rows with labels, P@5 over every row, whatever the
+    chunks; a chunk's logits (rows x labels floats) within the memory given."""
+    from hvd_adaptive.data import Dataset
+
+    n, labels = 10, 1000
+    label_indptr = np.array([*range(n), n - 1])  # row r has label r; the last row has none
+    ds = Dataset(np.arange(n + 1) * 3, np.tile([0, 1, 2], n).astype(np.int32),
+                 np.ones(3 * n, np.float32), label_indptr, np.arange(n - 1, dtype=np.int32),
+                 3, labels)
+    rows = np.arange(n)
+    seen = []
+
+    def scores(rows_in_chunk):
+        seen.append(len(rows_in_chunk))
+        # loss = the first row's id; the best label of row r is r (a hit) for even r only
+        top = np.array([[r if r % 2 == 0 else labels - 1, 998, 997, 996, 995] for r in rows_in_chunk])
+        return float(rows_in_chunk[0]), top
+
+    memory_mb = 3 * 4 * labels / 2**20  # three rows' logits
+    held = tune.HeldOut(ds, rows, memory_mb, lambda r: (r,))
+    loss, p5 = held(scores)
+    assert max(seen) <= 3 and sum(seen) == n
+    starts = [0, 3, 6, 8]  # array_split of 10 rows into 4 chunks: 3, 3, 2, 2
+    sizes = [3, 3, 2, 1]   # rows with labels in each (the last row has none)
+    assert loss == pytest.approx(sum(a * b for a, b in zip(starts, sizes)) / 9)
+    assert p5 == pytest.approx(5 / (5 * n))  # rows 0, 2, 4, 6, 8 hit once each

@@ -26,7 +26,7 @@ from hvd_adaptive.parallel.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.hetero import Heterogeneity
 from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
-from hvd_adaptive.train.tune import unchanged
+from hvd_adaptive.train.tune import TOP_K, unchanged
 
 
 @dataclass
@@ -179,10 +179,10 @@ class Algorithm:
         self._local_step = local_step
 
         @tf.function(input_signature=BATCH_SIGNATURE, autograph=False)
-        def held_out_loss(*batch):  # optim.lr auto's judge (hvd_adaptive.train.tune.probe)
-            return self.model.loss(*batch, training=False)
+        def held_out(*batch):  # optim.lr auto's judge (hvd_adaptive.train.tune.HeldOut)
+            return self.model.loss_and_top(*batch, k=TOP_K)
 
-        self.held_out_loss = held_out_loss
+        self.held_out = held_out
 
     # ---- data stream ---------------------------------------------------------------------
     def _window_stream(self) -> Iterator[Window]:
@@ -295,7 +295,7 @@ class Algorithm:
         for fn in self.step_functions():
             fn.get_concrete_function()
         if self.cfg.optim.lr == "auto":
-            self.held_out_loss.get_concrete_function()
+            self.held_out.get_concrete_function()
         with self.unchanged():
             self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
 
