@@ -285,7 +285,8 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
         return None
     rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
     steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
-    held = tune.HeldOut(train, held_rows, cfg.train.eval_memory_mb, lambda r: batch(train, r))
+    held = tune.HeldOut(train, held_rows, cfg.train.eval_memory_mb, lambda r: batch(train, r),
+                        hvd.size())
 
     with plain.unchanged() as restore:
         def try_rate(lr: float) -> tuple[float, float]:
@@ -296,9 +297,12 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
             restore()
             return judged
 
-        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
-                             lambda: held(plain.held_out)[0], hvd.rank(), hvd.size(),
-                             hvd.allgather_object, cfg.optim.name)
+        def start_loss() -> float:  # the ranks split the chunks, as the project's probe
+            mine = held.sums(plain.held_out, hvd.rank(), hvd.size())
+            return held.judged(np.sum(hvd.allgather_object(mine), axis=0))[0]
+
+        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate, start_loss,
+                             hvd.rank(), hvd.size(), hvd.allgather_object, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:

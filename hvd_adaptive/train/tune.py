@@ -38,7 +38,7 @@ CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
 PROBE_STEPS = 32        # steps each candidate trains
 PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
-HELD_OUT_ROWS = 2048    # rows, not trained by the probe, that judge the candidates
+HELD_OUT_ROWS = 1024    # rows, not trained by the probe, that judge the candidates
 TOP_K = 5               # the judge's precision at k
 # A candidate whose held-out loss is more than this fraction above the lowest is not picked,
 # however it ranks: short probes see a too-large rate rank well before its loss shows it.
@@ -114,27 +114,36 @@ def centre(optimizer: str, ds, rows: np.ndarray) -> float:
 
 class HeldOut:
     """The probe's judge: its held-out rows in chunks whose logits over every label fit in
-    `memory_mb`, each chunk's batch built once by `make_batch` (rows of `ds` -> the batch the
-    caller's scoring function takes)."""
+    `memory_mb`, at least `pieces` of them (the ranks that share the start's judgement), each
+    chunk's batch built once by `make_batch` (rows of `ds` -> the batch the caller's scoring
+    function takes)."""
 
     def __init__(self, ds, rows: np.ndarray, memory_mb: float,
-                 make_batch: Callable[[np.ndarray], tuple]):
+                 make_batch: Callable[[np.ndarray], tuple], pieces: int = 1):
         per = max(1, int(memory_mb * 2**20 // (4 * max(ds.n_labels, 1))))
-        parts = np.array_split(rows, max(1, math.ceil(len(rows) / per)))
+        parts = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
         self.parts = [(make_batch(r), ds.subset(r)) for r in parts if len(r)]
-        self.rows = len(rows)
 
-    def __call__(self, scores: Callable[..., tuple]) -> tuple[float, float]:
-        """(mean cross-entropy over the rows with labels, precision at TOP_K) of the model
-        as it stands; `scores(*batch)` returns a chunk's mean loss and its top labels."""
-        loss_sum = labeled = hits = 0.0
-        for b, sub in self.parts:
+    def sums(self, scores: Callable[..., tuple], rank: int = 0, size: int = 1) -> np.ndarray:
+        """[loss summed over the rows with labels, rows with labels, hits in the top TOP_K,
+        rows] over chunks rank, rank + size, ... (all by default); `scores(*batch)` returns a
+        chunk's mean loss and its top labels. Ranks that split the chunks add their sums."""
+        out = np.zeros(4)
+        for b, sub in self.parts[rank::size]:
             loss, top = scores(*b)
             has = float((np.diff(sub.label_indptr) > 0).sum())
-            loss_sum += float(loss) * has
-            labeled += has
-            hits += float(hits_matrix(np.asarray(top), sub.label_indptr, sub.label_indices).sum())
-        return loss_sum / max(labeled, 1.0), hits / (TOP_K * max(self.rows, 1))
+            hits = hits_matrix(np.asarray(top), sub.label_indptr, sub.label_indices).sum()
+            out += [float(loss) * has, has, float(hits), float(sub.n_rows)]
+        return out
+
+    @staticmethod
+    def judged(sums: np.ndarray) -> tuple[float, float]:
+        """(mean cross-entropy over the rows with labels, precision at TOP_K) of `sums`."""
+        return sums[0] / max(sums[1], 1.0), sums[2] / (TOP_K * max(sums[3], 1.0))
+
+    def __call__(self, scores: Callable[..., tuple]) -> tuple[float, float]:
+        """`judged` over every held-out row, of the model as it stands."""
+        return self.judged(self.sums(scores))
 
 
 def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
@@ -236,7 +245,7 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
     ds = algo.ctx.train
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [algo.batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
-    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, algo.batch)
+    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, algo.batch, algo.cluster.size)
 
     with algo.unchanged() as restore:
         def try_rate(lr: float) -> tuple[float, float]:
@@ -247,8 +256,11 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
             restore()
             return judged
 
-        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
-                        lambda: held(algo.held_out)[0], algo.cluster.rank, algo.cluster.size,
-                        allgather, cfg.optim.name)
+        def start_loss() -> float:  # the ranks split the chunks: the start is the same on all
+            mine = held.sums(algo.held_out, algo.cluster.rank, algo.cluster.size)
+            return held.judged(np.sum(allgather(mine), axis=0))[0]
+
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, start_loss,
+                        algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice

@@ -96,3 +96,9 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     sizes = [3, 3, 2, 1]   # rows with labels in each (the last row has none)
     assert loss == pytest.approx(sum(a * b for a, b in zip(starts, sizes)) / 9)
     assert p5 == pytest.approx(5 / (5 * n))  # rows 0, 2, 4, 6, 8 hit once each
+    # Two ranks that split the chunks add up to the whole; at least `pieces` chunks.
+    split = tune.HeldOut(ds, rows, 1000.0, lambda r: (r,), pieces=2)
+    assert len(split.parts) == 2
+    halves = [split.sums(scores, rank, 2) for rank in (0, 1)]
+    assert halves[0][3] == 5 and halves[1][3] == 5
+    assert tune.HeldOut.judged(halves[0] + halves[1]) == pytest.approx(split(scores))
