@@ -126,14 +126,16 @@ class HeldOut:
 
     def sums(self, scores: Callable[..., tuple], rank: int = 0, size: int = 1) -> np.ndarray:
         """[loss summed over the rows with labels, rows with labels, hits in the top TOP_K,
-        rows] over chunks rank, rank + size, ... (all by default); `scores(*batch)` returns a
-        chunk's mean loss and its top labels. Ranks that split the chunks add their sums."""
-        out = np.zeros(4)
+        rows, hits at the top] over chunks rank, rank + size, ... (all by default);
+        `scores(*batch)` returns a chunk's mean loss and its top labels. Ranks that split the
+        chunks add their sums."""
+        out = np.zeros(5)
         for b, sub in self.parts[rank::size]:
             loss, top = scores(*b)
             has = float((np.diff(sub.label_indptr) > 0).sum())
-            hits = hits_matrix(np.asarray(top), sub.label_indptr, sub.label_indices).sum()
-            out += [float(loss) * has, has, float(hits), float(sub.n_rows)]
+            hits = hits_matrix(np.asarray(top), sub.label_indptr, sub.label_indices)
+            out += [float(loss) * has, has, float(hits.sum()), float(sub.n_rows),
+                    float(hits[:, :1].sum())]
         return out
 
     @staticmethod

@@ -101,4 +101,5 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     assert len(split.parts) == 2
     halves = [split.sums(scores, rank, 2) for rank in (0, 1)]
     assert halves[0][3] == 5 and halves[1][3] == 5
+    assert halves[0][4] + halves[1][4] == 5  # hits at the top: the even rows
     assert tune.HeldOut.judged(halves[0] + halves[1]) == pytest.approx(split(scores))

@@ -1,0 +1,82 @@
+"""What `optim.lr: auto`'s judge sees: per candidate rate, the probe's training (its steps of
+PROBE_BATCH rows from one start) on one rank, judged on held-out training rows at several
+horizons by loss, P@1 and P@5, and the rate `tune.best` picks at each horizon.
+
+The evidence behind the probe's size and rule (docs/benchmark.md, "Settings chosen by the
+tool"); compare the picks with a grid of fixed rates run by hvd_adaptive.bench.speed.
+
+    mpirun -np 1 python -m hvd_adaptive.bench.probe_study --config configs/pypi.yaml \\
+        --rates 0.02 0.04 0.08 0.16 --seeds 1 2 3 --horizons 512 1024 2048 4096
+
+Each seed sets `train.seed` and `model.init_seed` (the start) and the permutation that splits
+the probe's rows from the held-out ones.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from hvd_adaptive.config import load_config, resolve
+from hvd_adaptive.data import load_data, split_validation
+from hvd_adaptive.parallel import distributed
+from hvd_adaptive.train import tune
+from hvd_adaptive.train.build import build_algorithm
+
+
+def study(cfg, cluster, rates, horizons, batch: int, held_rows: int, seed: int) -> dict:
+    """{rate: {horizon: (loss, P@1, P@5)}} for one seed, and prints a line per rate."""
+    train, _ = load_data(cfg, True, cluster.comm.Barrier)
+    train, _ = split_validation(cfg, train)
+    algo = build_algorithm(cfg, cluster, train)
+    algo.setup()
+    algo.trace()
+    perm = np.random.default_rng(seed * 1000 + 7).permutation(train.n_rows)
+    held, rest = perm[:held_rows], perm[held_rows:]
+    judge = tune.HeldOut(train, held, cfg.train.eval_memory_mb, algo.batch)
+    out = {}
+    with algo.unchanged() as restore:
+        for lr in rates:
+            algo.opt.lr.assign(lr)
+            done, res, t0 = 0, {}, time.perf_counter()
+            for h in horizons:
+                while done < h:
+                    start = done % len(rest)
+                    rows = rest[start:start + batch]
+                    algo.probe_step(*algo.batch(rows))
+                    done += len(rows)
+                sums = judge.sums(algo.held_out)
+                loss, p5 = judge.judged(sums)
+                res[h] = (loss, sums[4] / max(sums[3], 1.0), p5)
+            restore()
+            out[lr] = res
+            print(f"seed {seed} lr {lr:g}  " + "  ".join(
+                f"{h}: {l:.3f}/{p1:.3f}/{p5:.3f}" for h, (l, p1, p5) in res.items())
+                + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    for h in horizons:
+        i = tune.best([out[r][h][0] for r in rates], [out[r][h][2] for r in rates])
+        print(f"seed {seed} rows {h}: the rule picks {rates[i]:g}", flush=True)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--set", action="append", default=[], help="section.key=value overrides")
+    ap.add_argument("--rates", type=float, nargs="+", required=True)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--horizons", type=int, nargs="+", default=[512, 1024, 2048, 4096],
+                    help="probe rows after which the candidates are judged")
+    ap.add_argument("--batch", type=int, default=tune.PROBE_BATCH)
+    ap.add_argument("--held", type=int, default=tune.HELD_OUT_ROWS, help="held-out rows")
+    a = ap.parse_args(argv)
+    cluster = distributed.init(threads=1)
+    print("loss/P@1/P@5 of the held-out rows after that many probe rows", flush=True)
+    for seed in a.seeds:
+        cfg, _ = load_config(a.config, a.set + [f"train.seed={seed}", f"model.init_seed={seed}"])
+        study(resolve(cfg, 1), cluster, a.rates, sorted(a.horizons), a.batch, a.held, seed)
+
+
+if __name__ == "__main__":
+    main()
