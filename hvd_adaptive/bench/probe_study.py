@@ -52,7 +52,7 @@ def study(cfg, cluster, rates, horizons, batch: int, held_rows: int, seed: int) 
             restore()
             out[lr] = res
             print(f"seed {seed} lr {lr:g}  " + "  ".join(
-                f"{h}: {l:.3f}/{p1:.3f}/{p5:.3f}" for h, (l, p1, p5) in res.items())
+                f"{h}: {l:.4f}/{p1:.4f}/{p5:.4f}" for h, (l, p1, p5) in res.items())
                 + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     for h in horizons:
         i = tune.best([out[r][h][0] for r in rates], [out[r][h][2] for r in rates])

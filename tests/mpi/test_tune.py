@@ -129,3 +129,22 @@ def test_a_resumed_run_keeps_its_choice_without_a_new_probe(tmp_path):
     train(2, run, *ADAGRAD, "train.algorithm=adaptive", "train.epochs=2", "checkpoint.resume=auto")
     again = records(run, "resume")[0]
     assert again["lr"] == chosen and again["lr_choice"] is None, again
+
+
+def test_the_probe_study_prints_each_rates_judgement_and_the_rules_pick():
+    """bench.probe_study (the evidence behind the probe's size and rule): per rate and horizon
+    the held-out loss, P@1 and P@5, and at each horizon the rate `tune.best` picks from them."""
+    p = mpirun(1, ["-m", "hvd_adaptive.bench.probe_study", "--config", "configs/tiny.yaml",
+                   "--set", "optim.name=rowwise_adagrad", "--rates", "0.03", "0.3", "3",
+                   "--horizons", "128", "256", "--held", "256"], timeout=180)
+    assert p.returncode == 0, explain(p)
+    judged = {float(m[0]): [float(x) for x in m[1:]] for m in re.findall(
+        r"seed 1 lr ([0-9.]+)  128: [0-9.]+/[0-9.]+/[0-9.]+  256: ([0-9.]+)/([0-9.]+)/([0-9.]+)",
+        p.stdout)}
+    assert sorted(judged) == [0.03, 0.3, 3.0], p.stdout
+    assert all(0 <= p1 <= 1 and 0 <= p5 <= 1 for _, p1, p5 in judged.values()), judged
+    picked = re.search(r"seed 1 rows 256: the rule picks ([0-9.]+)", p.stdout)
+    assert picked, p.stdout
+    rates = sorted(judged)
+    best = tune.best([judged[r][0] for r in rates], [judged[r][2] for r in rates])
+    assert float(picked.group(1)) == rates[best], (p.stdout, best)
