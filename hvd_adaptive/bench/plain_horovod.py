@@ -297,12 +297,10 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
             restore()
             return judged
 
-        def start_loss() -> float:  # the ranks split the chunks, as the project's probe
-            mine = held.sums(plain.held_out, hvd.rank(), hvd.size())
-            return held.judged(np.sum(hvd.allgather_object(mine), axis=0))[0]
-
-        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate, start_loss,
-                             hvd.rank(), hvd.size(), hvd.allgather_object, cfg.optim.name)
+        rank, size, allgather = hvd.rank(), hvd.size(), hvd.allgather_object
+        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
+                             lambda: held.shared(plain.held_out, rank, size, allgather)[0],
+                             rank, size, allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:

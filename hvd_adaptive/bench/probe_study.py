@@ -25,10 +25,9 @@ from hvd_adaptive.train import tune
 from hvd_adaptive.train.build import build_algorithm
 
 
-def study(cfg, cluster, rates, horizons, batch: int, held_rows: int, seed: int) -> dict:
-    """{rate: {horizon: (loss, P@1, P@5)}} for one seed, and prints a line per rate."""
-    train, _ = load_data(cfg, True, cluster.comm.Barrier)
-    train, _ = split_validation(cfg, train)
+def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed: int) -> dict:
+    """{rate: {horizon: (loss, P@1, P@5)}} for one seed on the training rows `train`, and
+    prints a line per rate."""
     algo = build_algorithm(cfg, cluster, train)
     algo.setup()
     algo.trace()
@@ -73,9 +72,13 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     cluster = distributed.init(threads=1)
     print("loss/P@1/P@5 of the held-out rows after that many probe rows", flush=True)
+    train = None  # the data does not depend on the seed: read once
     for seed in a.seeds:
         cfg, _ = load_config(a.config, a.set + [f"train.seed={seed}", f"model.init_seed={seed}"])
-        study(resolve(cfg, 1), cluster, a.rates, sorted(a.horizons), a.batch, a.held, seed)
+        cfg = resolve(cfg, 1)
+        if train is None:
+            train, _ = split_validation(cfg, load_data(cfg, True, cluster.comm.Barrier)[0])
+        study(cfg, cluster, train, a.rates, sorted(a.horizons), a.batch, a.held, seed)
 
 
 if __name__ == "__main__":

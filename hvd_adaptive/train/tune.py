@@ -148,6 +148,12 @@ class HeldOut:
         """`judged` over every held-out row, of the model as it stands."""
         return self.judged(self.sums(scores))
 
+    def shared(self, scores: Callable[..., tuple], rank: int, size: int,
+               allgather: Callable[[object], list]) -> tuple[float, float]:
+        """`judged` over every held-out row of a model every rank holds alike, each rank
+        scoring its share of the chunks and one allgather adding the sums."""
+        return self.judged(np.sum(allgather(self.sums(scores, rank, size)), axis=0))
+
 
 def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
     """The index `pick` takes: among the finite losses within LOSS_SLACK of the lowest, the
@@ -183,10 +189,11 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
            allgather: Callable[[object], list], optimizer: str) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
-    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on two
-    (a multiple of the ranks, centred, one more below on even counts); while `best` is the lowest or highest rate tried, the next round goes further that
-    way, one candidate a rank, at most MAX_DOUBLINGS from `start`. In a round rank r tries
-    candidates r, r + size, ...; one allgather a round shares the judgements.
+    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on
+    two or four (a multiple of the ranks, centred, one more below on even counts); while `best`
+    is the lowest or highest rate tried, the next round goes further that way, one candidate a
+    rank, at most MAX_DOUBLINGS from `start`. In a round rank r tries candidates r, r + size,
+    ...; one allgather a round shares the judgements.
 
     Args:
         start: the centre of the search (`centre`).
@@ -200,8 +207,9 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
-    # At least 3 candidates, as many as keep every rank busy: 2 ranks try 4, the fourth one
-    # doubling below the rest (the side the rows' norm leaves open; see `centre`).
+    # At least 3 candidates, and a multiple of the ranks so that none idles in the first round:
+    # 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay on the
+    # Delicious-shaped rows; docs/benchmark.md).
     width = size * math.ceil(3 / size)
     todo = [j - width // 2 for j in range(width)]
     judged: dict[int, tuple[float, float]] = {}
@@ -259,11 +267,9 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
             restore()
             return judged
 
-        def start_loss() -> float:  # the ranks split the chunks: the start is the same on all
-            mine = held.sums(algo.held_out, algo.cluster.rank, algo.cluster.size)
-            return held.judged(np.sum(allgather(mine), axis=0))[0]
-
-        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate, start_loss,
-                        algo.cluster.rank, algo.cluster.size, allgather, cfg.optim.name)
+        rank, size = algo.cluster.rank, algo.cluster.size
+        choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
+                        lambda: held.shared(algo.held_out, rank, size, allgather)[0],
+                        rank, size, allgather, cfg.optim.name)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice

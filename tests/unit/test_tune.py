@@ -12,6 +12,7 @@ def test_the_best_precision_wins_among_losses_near_the_lowest_and_no_learning_is
     nan = float("nan")
     # Within LOSS_SLACK (2.5%) of the lowest loss, the highest P@5 wins...
     assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.03, 2.02], [0.30, 0.33, 0.31], 3.0, "adagrad") == 0.2
+    assert tune.pick([0.1, 0.2], [2.0, 2.045], [0.30, 0.33], 3.0, "adagrad") == 0.2  # 2.25% above
     # ... but not a candidate whose loss is further above, however well it ranks ...
     assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.06, 2.5], [0.30, 0.33, 0.40], 3.0, "adagrad") == 0.1
     # ... a tie in P@5 goes to the lower loss, and a diverged candidate is never picked.
@@ -84,8 +85,9 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
 
     def scores(rows_in_chunk):
         seen.append(len(rows_in_chunk))
-        # loss = the first row's id; the best label of row r is r (a hit) for even r only
-        top = np.array([[r if r % 2 == 0 else labels - 1, 998, 997, 996, 995] for r in rows_in_chunk])
+        # loss = the first row's id; row r's label r is first for even r, second for odd r
+        top = np.array([[r if r % 2 == 0 else labels - 1, 998 if r % 2 == 0 else r, 997, 996, 995]
+                        for r in rows_in_chunk])
         return float(rows_in_chunk[0]), top
 
     memory_mb = 3 * 4 * labels / 2**20  # three rows' logits
@@ -95,7 +97,7 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     starts = [0, 3, 6, 8]  # array_split of 10 rows into 4 chunks: 3, 3, 2, 2
     sizes = [3, 3, 2, 1]   # rows with labels in each (the last row has none)
     assert loss == pytest.approx(sum(a * b for a, b in zip(starts, sizes)) / 9)
-    assert p5 == pytest.approx(5 / (5 * n))  # rows 0, 2, 4, 6, 8 hit once each
+    assert p5 == pytest.approx(9 / (5 * n))  # rows 0 to 8 hit once each (row 9 has no label)
     # Two ranks that split the chunks add up to the whole; at least `pieces` chunks.
     split = tune.HeldOut(ds, rows, 1000.0, lambda r: (r,), pieces=2)
     assert len(split.parts) == 2
@@ -103,3 +105,6 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     assert halves[0][3] == 5 and halves[1][3] == 5
     assert halves[0][4] + halves[1][4] == 5  # hits at the top: the even rows
     assert tune.HeldOut.judged(halves[0] + halves[1]) == pytest.approx(split(scores))
+    # `shared`: each rank scores its share, one allgather adds them (two ranks played here).
+    for rank in (0, 1):
+        assert split.shared(scores, rank, 2, lambda mine: [mine, halves[1 - rank]]) == pytest.approx(split(scores))
