@@ -277,10 +277,11 @@ def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
         return done * size / (time.perf_counter() - t0)
 
 
-def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
+def choose_lr(plain: PlainHorovod, train, cfg, rates: list) -> Optional[tune.LrChoice]:
     """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.choose: its candidates,
-    rows and rule), each candidate trained with this script's own step without the allreduce,
-    from the broadcast start, which is put back; None when the rate is pinned."""
+    rows and rule, shared out by the ranks' standalone `rates`), each candidate trained with this
+    script's own step without the allreduce, from the broadcast start, which is put back; None
+    when the rate is pinned."""
     if cfg.optim.lr != "auto":
         return None
     rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
@@ -300,7 +301,7 @@ def choose_lr(plain: PlainHorovod, train, cfg) -> Optional[tune.LrChoice]:
         rank, size, allgather = hvd.rank(), hvd.size(), hvd.allgather_object
         choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
                              lambda: held.shared(plain.held_out, rank, size, allgather)[0],
-                             rank, size, allgather, cfg.optim.name)
+                             rank, size, allgather, cfg.optim.name, rates)
     choice.rows, choice.held_out_rows = len(rows), len(held_rows)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:
@@ -331,7 +332,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         print(f"[rank {rank}] {said}\n", end="", flush=True)
     hvd.allreduce(tf.zeros([1]), name="in_quota").numpy()  # every rank slowed before any times
     rates = hvd.allgather(tf.constant([standalone_rate(plain, train_ds, cfg)])).numpy().tolist()
-    choice = choose_lr(plain, train_ds, cfg)
+    choice = choose_lr(plain, train_ds, cfg, rates)
     log = open(run_dir / "metrics.jsonl", "w", buffering=1) if root else None
 
     def record(**rec):

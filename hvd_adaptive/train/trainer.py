@@ -89,7 +89,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
         # optim.lr auto: chosen inside the ranks' slowdowns, its seconds charged to the clock.
-        choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x))
+        choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x), rates)
         if choice is not None:
             algo.set_lr(choice.lr)
             run.position.wall += choice.seconds

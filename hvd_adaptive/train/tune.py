@@ -4,8 +4,8 @@ Every candidate rate trains the same rows from the same start for a few steps an
 rows it did not train: the highest precision at 5 wins among the candidates whose cross-entropy
 is within LOSS_SLACK of the lowest (`pick`). The candidates are powers of 2 around a centre
 taken from the data (`centre`), and the search goes on past the lowest or highest rate while
-the pick is there (`choose`). The ranks share each round's candidates, and every rank takes the
-same choice from one allgather of the judgements a round. The probe runs inside each rank's
+the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
+(`split`), and every rank takes the same choice from one allgather of the judgements a round. The probe runs inside each rank's
 slowdown and its seconds are charged to the run's clock: what a choice costs counts in the time
 to a target.
 
@@ -56,6 +56,7 @@ class LrChoice:
     losses: list           # held-out loss after the probe, per candidate (nan: diverged)
     p_at_5: list           # held-out precision at 5 after the probe, per candidate
     start_loss: float      # held-out loss of the untrained start
+    ranks: list            # the rank that trained each candidate
     steps: int
     rows: int              # rows a candidate trained
     held_out_rows: int
@@ -155,6 +156,23 @@ class HeldOut:
         return self.judged(np.sum(allgather(self.sums(scores, rank, size)), axis=0))
 
 
+def split(n: int, speeds: Optional[Sequence[float]], size: int) -> list[int]:
+    """The rank that trains each of a round's `n` candidates: each in turn goes to the rank
+    that would finish it soonest, at its measured rows/s (`speeds`, one per rank; ties to the
+    lower rank). Alike ranks take turns; a rank half as fast as the other of two takes one
+    candidate of four, not two, so the round ends in 3 candidates' time instead of 4. Without
+    usable speeds (None, or one not finite and positive), turns."""
+    ok = speeds is not None and len(speeds) == size and all(
+        math.isfinite(v) and v > 0 for v in speeds)
+    pace = [float(v) for v in speeds] if ok else [1.0] * size
+    done, owner = [0] * size, []
+    for _ in range(n):
+        r = min(range(size), key=lambda i: ((done[i] + 1) / pace[i], i))
+        done[r] += 1
+        owner.append(r)
+    return owner
+
+
 def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
     """The index `pick` takes: among the finite losses within LOSS_SLACK of the lowest, the
     highest precision at 5, then the lower loss; None when no loss is finite."""
@@ -186,14 +204,15 @@ def pick(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[
 
 def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
            start_loss: Callable[[], float], rank: int, size: int,
-           allgather: Callable[[object], list], optimizer: str) -> LrChoice:
+           allgather: Callable[[object], list], optimizer: str,
+           speeds: Optional[Sequence[float]] = None) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
     Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on
     two or four (a multiple of the ranks, centred, one more below on even counts); while `best`
-    is the lowest or highest rate tried, the next round goes further that way, one candidate a
-    rank, at most MAX_DOUBLINGS from `start`. In a round rank r tries candidates r, r + size,
-    ...; one allgather a round shares the judgements.
+    is the lowest or highest rate tried, the next round goes further that way, as many
+    candidates as ranks, at most MAX_DOUBLINGS from `start`. `split` gives each rank its
+    candidates of a round by the ranks' speeds; one allgather a round shares the judgements.
 
     Args:
         start: the centre of the search (`centre`).
@@ -204,22 +223,27 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         rank, size: this rank and the ranks sharing the candidates.
         allgather: the job's allgather of a Python object.
         optimizer: the optimizer's name, for the error message.
+        speeds: every rank's standalone rows/s (the calibration's), the same list on every
+            rank; None: the ranks take turns.
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
-    # At least 3 candidates, and a multiple of the ranks so that none idles in the first round:
-    # 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay on the
+    # At least 3 candidates, and a multiple of the ranks so that alike ranks do not idle in the
+    # first round: 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay on the
     # Delicious-shaped rows; docs/benchmark.md).
     width = size * math.ceil(3 / size)
     todo = [j - width // 2 for j in range(width)]
     judged: dict[int, tuple[float, float]] = {}
+    trained_by: dict[int, int] = {}
     while todo:
         mine = {}
-        for j in todo[rank::size]:
-            loss, p5 = (float(x) for x in try_rate(start * 2.0 ** j))
-            mine[j] = (loss if math.isfinite(loss) else float("nan"), p5)
-        for part in allgather(mine):
+        for j, r in zip(todo, split(len(todo), speeds, size)):
+            if r == rank:
+                loss, p5 = (float(x) for x in try_rate(start * 2.0 ** j))
+                mine[j] = (loss if math.isfinite(loss) else float("nan"), p5)
+        for r, part in enumerate(allgather(mine)):
             judged.update(part)
+            trained_by.update({j: r for j in part})
         js = sorted(judged)
         losses = [judged[j][0] for j in js]
         finite = [l for l in losses if math.isfinite(l)]
@@ -241,15 +265,18 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     losses = [judged[j][0] for j in js]
     p5s = [judged[j][1] for j in js]
     return LrChoice(lr=pick(rates, losses, p5s, start_loss, optimizer), candidates=rates,
-                    losses=losses, p_at_5=p5s, start_loss=float(start_loss), steps=PROBE_STEPS,
+                    losses=losses, p_at_5=p5s, start_loss=float(start_loss),
+                    ranks=[trained_by[j] for j in js], steps=PROBE_STEPS,
                     rows=0, held_out_rows=0, seconds=seconds)
 
 
-def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
+def probe(algo, allgather: Callable[[object], list],
+          speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice]:
     """`optim.lr: auto` for one of the project's algorithms: each candidate runs the algorithm's
     local training step (`Algorithm.local_step`'s traced function, with its slowdown) on the
     probe's rows from the model as it stands, which is then put back (`Algorithm.unchanged`),
-    and is judged by `Algorithm.held_out`. None when the rate is pinned."""
+    and is judged by `Algorithm.held_out`. `speeds`: every rank's calibrated rows/s, which share
+    out the candidates (`split`). None when the rate is pinned."""
     cfg = algo.cfg
     if cfg.optim.lr != "auto":
         return None
@@ -270,6 +297,6 @@ def probe(algo, allgather: Callable[[object], list]) -> Optional[LrChoice]:
         rank, size = algo.cluster.rank, algo.cluster.size
         choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
                         lambda: held.shared(algo.held_out, rank, size, allgather)[0],
-                        rank, size, allgather, cfg.optim.name)
+                        rank, size, allgather, cfg.optim.name, speeds)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice

@@ -43,6 +43,30 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
     else:  # warm-up ramps to the chosen rate, scaled by each rank's batch (balance.adaptive_lr)
         assert all(0 < lr <= choice["lr"] * 1.0001 for lr in lrs.values()), lrs
     assert s["final"]["p_at_1"] > 2 * start["baseline_p_at_1"]
+    # Alike ranks share every round's candidates evenly (tune.split).
+    assert choice["ranks"].count(0) == choice["ranks"].count(1), choice["ranks"]
+
+
+def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_script(tmp_path):
+    """Rank 1 under a quota 2.25x slower: the candidates go by the calibrated speeds, 3 of the
+    first round's 4 to rank 0 (tune.split), in the project's probe and in the plain script's."""
+    slow = ("hetero.mode=cpu_quota", "hetero.slowdown={1: 2.25}", "train.threads=1",
+            "train.calibrate_s=1.0", *ADAGRAD)
+    p = mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
+                   "--run-dir", str(tmp_path / "project"), *[x for s in slow for x in ("--set", s)]],
+               timeout=180)
+    assert p.returncode == 0, explain(p)
+    p = mpirun(2, ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml",
+                   "--run-dir", str(tmp_path / "plain"),
+                   *[x for s in (*slow, "train.epochs=0.25") for x in ("--set", s)]], timeout=240)
+    assert p.returncode == 0, explain(p)
+    for who in ("project", "plain"):
+        start = records(tmp_path / who, "start")[0]
+        fast, slower = start["standalone_rates"]
+        assert 1.5 < fast / slower < 4.0, (who, start["standalone_rates"])  # split's 3-and-1 range
+        ranks = start["lr_choice"]["ranks"]
+        # The first round: 3 and 1; a later round's 2 candidates go 2 and 0, or 1 and 1.
+        assert ranks.count(1) >= 1 and ranks.count(0) >= ranks.count(1) + 2, (who, ranks)
 
 
 def test_a_pinned_rate_is_used_as_given_without_a_probe(tmp_path):

@@ -41,6 +41,54 @@ def test_the_search_goes_past_the_edges_and_stops_at_the_best():
     assert rounds == [[-1, 0, 1], [-2], [-3], [-4]]
 
 
+def test_a_rounds_candidates_go_to_the_ranks_that_finish_them_soonest():
+    assert tune.split(4, [6750.0, 6826.0], 2) == [1, 0, 1, 0]  # alike: turns, the faster first
+    assert tune.split(4, None, 2) == [0, 1, 0, 1]
+    # One rank half as fast (or slower, up to 4x): 3 candidates and 1, the round in 3
+    # candidates' time instead of 4 (turns: 2 on the slow rank, 4 of the fast one's).
+    for slow in (0.5, 0.4, 0.3):
+        assert sorted(tune.split(4, [1.0, slow], 2)) == [0, 0, 0, 1], slow
+    assert tune.split(4, [1.0, 0.8], 2).count(1) == 2  # 1.25x: 2 each still ends first
+    assert tune.split(2, [1.0, 0.25], 2) == [0, 0]  # a later round's two on the fast rank
+    assert tune.split(8, [1.0, 1.0, 1.0, 0.5], 4).count(3) == 1
+    for bad in ([1.0, 0.0], [1.0, float("nan")], [1.0]):  # unusable: turns
+        assert tune.split(4, bad, 2) == [0, 1, 0, 1], bad
+
+
+def test_two_ranks_of_unequal_speed_train_three_candidates_and_one_and_agree():
+    """choose on two played ranks, the second 2.5x slower: rank 0 trains 3 of the first
+    round's 4 candidates, each candidate once, and both ranks make the same choice."""
+    def judged(lr):
+        return 1.0, 1.0 / ((math.log2(lr / 0.3) + 1) ** 2 + 1.0)  # best at 0.15: inside
+
+    tried = {0: [], 1: []}
+    shares = {}
+
+    def play(rank):
+        def allgather(x):
+            if isinstance(x, dict):  # the other rank's share of the round: judge it here
+                shares.setdefault(rank, []).append(x)
+                other = {j: judged(0.3 * 2.0 ** j) for j in
+                         [j for j in _round(len(shares[rank])) if j not in x]}
+                return [x, other] if rank == 0 else [other, x]
+            return [x, x]
+
+        def try_rate(lr):
+            tried[rank].append(lr)
+            return judged(lr)
+        return tune.choose(0.3, try_rate, lambda: 100.0, rank=rank, size=2, allgather=allgather,
+                           optimizer="adagrad", speeds=[1000.0, 400.0])
+
+    def _round(k):
+        return [-2, -1, 0, 1] if k == 1 else []
+
+    c0, c1 = play(0), play(1)
+    assert c0.lr == c1.lr == pytest.approx(0.15, rel=1e-3)
+    assert len(tried[0]) == 3 and len(tried[1]) == 1, tried
+    assert not set(tried[0]) & set(tried[1])
+    assert c0.ranks == c1.ranks and sorted(c0.ranks) == [0, 0, 0, 1], c0.ranks
+
+
 def test_the_centre_follows_the_rows_l1_norm():
     class Rows:  # two rows of L1 norm 6 and one of 120 (CSR)
         indptr = np.array([0, 2, 4, 6])
