@@ -1,12 +1,15 @@
 """What the benchmarks measure in a run: time and rows to a target P@1, a scenario's limit
 from the ranks' standalone rates, and one run's figures against it.
 
-A run here is {"summary": summary.json, "evals": the eval records} (speed.run_one).
+A run here is {"summary": summary.json, "evals": the eval records, "start": the start record}
+(speed.run_one).
 """
 from __future__ import annotations
 
 import statistics
 from typing import Optional
+
+import numpy as np
 
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
 
@@ -41,7 +44,9 @@ def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
     # A run without the breakdown (the plain Horovod script times none of it) shows none.
     timed = any(k in r for r in s["per_rank"] for k in PARTS)
     rate = n / t if t and n else None
+    choice = (run.get("start") or {}).get("lr_choice") or {}
     out = {"t": t, "samples": n, "rate": rate, "eff": s["efficiency"], "final": s["final"]["p_at_1"],
+           "probe_s": choice.get("seconds"),
            **{k: totals[k] / spent if timed else None for k in PARTS}}
     if limit:
         out["eff"] = rate / limit["rate"] if rate else None
@@ -93,6 +98,13 @@ def span(xs: list, fmt: str = "{:.2f}") -> Optional[str]:
     """"low-high" of the values that are not None; None for fewer than two."""
     xs = [x for x in xs if x is not None]
     return f"{fmt.format(min(xs))}-{fmt.format(max(xs))}" if len(xs) > 1 else None
+
+
+def lower_quartile(xs: list) -> Optional[float]:
+    """The 25th percentile (linear between order statistics) of the values that are not None;
+    None for fewer than two."""
+    xs = [x for x in xs if x is not None]
+    return float(np.percentile(xs, 25)) if len(xs) > 1 else None
 
 
 def time_span(ts: list) -> Optional[str]:

@@ -64,7 +64,7 @@ from typing import Optional
 
 from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
-from hvd_adaptive.bench.measure import limits, measures, median, span, time_span, time_to_target
+from hvd_adaptive.bench.measure import limits, lower_quartile, measures, median, span, time_span, time_to_target
 from hvd_adaptive.bench.output import align
 from hvd_adaptive.train.records import METRICS, SUMMARY, load_run
 from hvd_adaptive.train.run import mpirun_command
@@ -132,7 +132,7 @@ def run_one(config: str, ranks: int, sets: list[str], run_dir: Path, contender: 
     run = load_run(run_dir)
     if run.summary is None:
         raise RuntimeError(f"{run_dir.name} ended without its summary.json")
-    return {"summary": run.summary, "evals": run.evals}
+    return {"summary": run.summary, "evals": run.evals, "start": run.start}
 
 
 def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: float,
@@ -146,9 +146,10 @@ def run_logged(config: str, ranks: int, sets: list[str], run_dir: Path, target: 
 
 
 # (header, measure, format) of the table's columns after the contender's name
-COLUMNS = (("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("rows->tgt", "samples", "{:.0f}"),
+COLUMNS = (("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("probe", "probe_s", "{:.1f}"),
+           ("rows->tgt", "samples", "{:.0f}"),
            ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("ref/this", "ratio", "{:.2f}"),
-           ("range", "ratio_range", "{}"),
+           ("range", "ratio_range", "{}"), ("q1", "ratio_q1", "{:.2f}"),
            ("of_limit", "of_limit", "{:.2f}"),
            ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
            ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
@@ -179,12 +180,15 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
         m = {name: [measures(r, target, lim) for r in runs] for name, runs in algos.items()}
         ref = m.get(reference, [])
         lines[-1] += (f"\n  ref/this: {reference}'s time to the target over the contender's, per seed; "
-                      "a range ending (k/n): k of the n seeds reached the target, the median is theirs")
+                      "a range ending (k/n): k of the n seeds reached the target, the median is theirs;"
+                      "\n  q1: the lower quartile of the seeds' ratios; probe: optim.lr auto's seconds, "
+                      "inside s->target")
         cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: median([x[k] for x in ms]) for k in ms[0]}
             ratios = [r["t"] / x["t"] if r["t"] and x["t"] else None for r, x in zip(ref, ms)]
             med["ratio"], med["ratio_range"] = median(ratios), span(ratios)
+            med["ratio_q1"] = lower_quartile(ratios)
             med["t_range"] = time_span([x["t"] for x in ms])
             cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
         lines.append(align(cells, text_columns=1))

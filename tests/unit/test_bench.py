@@ -10,18 +10,20 @@ from hvd_adaptive.bench.measure import limits, measures
 from hvd_adaptive.bench.speed import CONTENDERS, scenario_list, scenario_sets, skip_reason, table, train_args
 
 
-def run(p1s, compute_s, rates=(60.0, 40.0)):
-    """One run's summary and evaluations (evaluations one second and 100 rows apart)."""
+def run(p1s, compute_s, rates=(60.0, 40.0), probe=None):
+    """One run's summary, evaluations (one second and 100 rows apart) and start record (the
+    rate probe's seconds, or a pinned rate)."""
     evals = [{"p_at_1": p, "wall_s": i + 1.0, "samples": 100 * (i + 1)} for i, p in enumerate(p1s)]
     per_rank = [{"compute_s": compute_s, "comm_s": 1.0, "sync_s": 0.0, "wait_s": 0.0, "batch_s": 0.0,
                  "standalone_rate": r} for r in rates]
     return {"summary": {"per_rank": per_rank, "efficiency": 0.5, "final": {"p_at_1": p1s[-1]}},
-            "evals": evals}
+            "evals": evals, "start": {"lr_choice": None if probe is None else {"seconds": probe}}}
 
 
 def test_table_medians_ratio_limit_and_missing_values():
-    results = {"even": {"sync": [run([0.2, 0.5], 1.0), run([0.2, 0.3, 0.5], 1.0, rates=(80, 40)),
-                                 run([0.5], 1.0)],
+    results = {"even": {"sync": [run([0.2, 0.5], 1.0, probe=0.5),
+                                 run([0.2, 0.3, 0.5], 1.0, rates=(80, 40), probe=0.7),
+                                 run([0.5], 1.0, probe=0.6)],
                         "adaptive": [run([0.4], 3.0, rates=(20, 40))],
                         "local": [run([0.5], 1.0), run([0.2, 0.5], 1.0), run([0.1, 0.2, 0.3, 0.5], 1.0)]}}
     lines = table(results, 0.45).splitlines()
@@ -33,17 +35,21 @@ def test_table_medians_ratio_limit_and_missing_values():
     # sync's rows to 0.45: 183, 275, 100 -> median 183 at 100 rows/s: 1.83 s
     assert "limit 1.8 s to target" in lines[2]
     assert "ref/this: sync's time to the target over the contender's, per seed" in lines[3]
-    assert lines[4].split() == ["contender", "s->target", "range", "rows->tgt", "rows/s", "effic.",
-                                "ref/this", "range", "of_limit", "compute", "comm", "allgat", "wait",
-                                "batch"]
-    # sync: 1.83 s (1.0 to 2.75 over the seeds), 183 rows, 100 rows/s -> efficiency 1.00 of the
-    # sum, and at the limit
-    assert lines[5].split()[:9] == ["sync", "1.8", "1.0-2.8", "183", "100", "1.00", "1.00", "1.00-1.00", "1.00"]
-    # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction
-    assert lines[6].split() == ["adaptive", "-", "(0/1)", "-", "-", "-", "-", "-", "-", "0.75", "0.25",
-                                "0.00", "0.00", "0.00"]
-    # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50
-    assert lines[7].split()[6:8] == ["1.50", "0.27-1.83"]
+    assert "q1: the lower quartile of the seeds' ratios; probe: optim.lr auto's seconds" in lines[4]
+    assert lines[5].split() == ["contender", "s->target", "range", "probe", "rows->tgt", "rows/s",
+                                "effic.", "ref/this", "range", "q1", "of_limit", "compute", "comm",
+                                "allgat", "wait", "batch"]
+    # sync: 1.83 s (1.0 to 2.75 over the seeds), its probe 0.6 s (median of 0.5, 0.7, 0.6), 183
+    # rows, 100 rows/s -> efficiency 1.00 of the sum, and at the limit
+    assert lines[6].split()[:11] == ["sync", "1.8", "1.0-2.8", "0.6", "183", "100", "1.00", "1.00",
+                                     "1.00-1.00", "1.00", "1.00"]
+    # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction;
+    # its rate was pinned: no probe
+    assert lines[7].split() == ["adaptive", "-", "(0/1)", "-", "-", "-", "-", "-", "-", "-", "-",
+                                "0.75", "0.25", "0.00", "0.00", "0.00"]
+    # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50; the
+    # lower quartile halfway between the lowest two, 0.27 and 1.50
+    assert lines[8].split()[7:10] == ["1.50", "0.27-1.83", "0.88"]
 
 
 def test_limit_of_a_time_varying_scenario_sums_its_phases():
