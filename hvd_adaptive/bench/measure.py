@@ -51,6 +51,9 @@ def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
     if limit:
         out["eff"] = rate / limit["rate"] if rate else None
         out["of_limit"] = limit["t"] / t if t and limit.get("t") else None
+        # The limit bounds training; the rate probe is start-up that every contender pays once.
+        p = out["probe_s"] or 0.0
+        out["of_limit_np"] = limit["t"] / (t - p) if t and t > p and limit.get("t") else None
     return out
 
 

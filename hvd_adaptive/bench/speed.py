@@ -150,7 +150,7 @@ COLUMNS = (("s->target", "t", "{:.1f}"), ("range", "t_range", "{}"), ("probe", "
            ("rows->tgt", "samples", "{:.0f}"),
            ("rows/s", "rate", "{:.0f}"), ("effic.", "eff", "{:.2f}"), ("ref/this", "ratio", "{:.2f}"),
            ("range", "ratio_range", "{}"), ("q1", "ratio_q1", "{:.2f}"),
-           ("of_limit", "of_limit", "{:.2f}"),
+           ("of_limit", "of_limit", "{:.2f}"), ("of_lim-pr", "of_limit_np", "{:.2f}"),
            ("compute", "compute_s", "{:.2f}"), ("comm", "comm_s", "{:.2f}"),
            ("allgat", "sync_s", "{:.2f}"), ("wait", "wait_s", "{:.2f}"), ("batch", "batch_s", "{:.2f}"))
 
@@ -182,7 +182,7 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
         lines[-1] += (f"\n  ref/this: {reference}'s time to the target over the contender's, per seed; "
                       "a range ending (k/n): k of the n seeds reached the target, the median is theirs;"
                       "\n  q1: the lower quartile of the seeds' ratios; probe: optim.lr auto's seconds, "
-                      "inside s->target")
+                      "inside s->target; of_lim-pr: of_limit with the probe left out of the time")
         cells = [["contender", *(h for h, _, _ in COLUMNS)]]
         for name, ms in m.items():
             med = {k: median([x[k] for x in ms]) for k in ms[0]}

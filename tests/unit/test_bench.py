@@ -37,15 +37,16 @@ def test_table_medians_ratio_limit_and_missing_values():
     assert "ref/this: sync's time to the target over the contender's, per seed" in lines[3]
     assert "q1: the lower quartile of the seeds' ratios; probe: optim.lr auto's seconds" in lines[4]
     assert lines[5].split() == ["contender", "s->target", "range", "probe", "rows->tgt", "rows/s",
-                                "effic.", "ref/this", "range", "q1", "of_limit", "compute", "comm",
-                                "allgat", "wait", "batch"]
+                                "effic.", "ref/this", "range", "q1", "of_limit", "of_lim-pr", "compute",
+                                "comm", "allgat", "wait", "batch"]
     # sync: 1.83 s (1.0 to 2.75 over the seeds), its probe 0.6 s (median of 0.5, 0.7, 0.6), 183
-    # rows, 100 rows/s -> efficiency 1.00 of the sum, and at the limit
-    assert lines[6].split()[:11] == ["sync", "1.8", "1.0-2.8", "0.6", "183", "100", "1.00", "1.00",
-                                     "1.00-1.00", "1.00", "1.00"]
+    # rows, 100 rows/s -> efficiency 1.00 of the sum, and at the limit; the probe left out of
+    # each seed's time, 1.83 / (1.83 - 0.5), 1.83 / (2.75 - 0.7), 1.83 / (1.0 - 0.6): median 1.38
+    assert lines[6].split()[:12] == ["sync", "1.8", "1.0-2.8", "0.6", "183", "100", "1.00", "1.00",
+                                     "1.00-1.00", "1.00", "1.00", "1.38"]
     # adaptive never reached the target: no time, rows, rate, efficiency, ratio or fraction;
     # its rate was pinned: no probe
-    assert lines[7].split() == ["adaptive", "-", "(0/1)", "-", "-", "-", "-", "-", "-", "-", "-",
+    assert lines[7].split() == ["adaptive", "-", "(0/1)", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                                 "0.75", "0.25", "0.00", "0.00", "0.00"]
     # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50; the
     # lower quartile halfway between the lowest two, 0.27 and 1.50
