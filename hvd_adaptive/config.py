@@ -121,6 +121,10 @@ class ModelConfig:
     """Hidden layer widths (ReLU); the papers use one layer of 128."""
     dropout: float = 0.0
     """Dropout rate on hidden activations during training."""
+    label_smoothing: float = 0.0
+    """Training target: (1 - this) x the row's labels (the multi-hot target normalized to sum 1)
+    plus this spread evenly over every label (output: full). Off by default: on PyPI it did not
+    raise P@1 (docs/accuracy.md). Evaluation and optim.lr auto's judge use the plain target."""
     init_seed: int = 1
     """Seed of the initial weights (identical on every rank)."""
     output: Literal["full", "sampled"] = "full"
@@ -139,6 +143,11 @@ class ModelConfig:
             raise ConfigError(f"{path}.hidden: needs at least one positive width, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"{path}.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.label_smoothing > 0 and self.output != "full":
+            raise ConfigError(f"{path}.label_smoothing: spreads the target over every label, which "
+                              f"only {path}.output: full computes (got {self.output})")
         _positive(self, path, "negatives")
 
 

@@ -100,6 +100,7 @@ class Net(tf.Module):
             self.kernels.append(tf.Variable(rng.uniform(-limit, limit, (a, b)).astype(np.float32)))
             self.biases.append(tf.Variable(tf.zeros([b])))
         self.dropout = mcfg.dropout
+        self.smoothing = mcfg.label_smoothing
         # kernel, bias of each layer, input layer first (the project's order, to compare and load)
         self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
 
@@ -120,14 +121,19 @@ class Net(tf.Module):
 
     def loss(self, ids, vals, seg, labels, label_row, n, training=True):
         """Mean over the rows with labels of softmax cross-entropy against their labels, each of
-        a row's k labels weighted 1/k (the multi-hot target normalized to sum 1)."""
-        return self.xent(self.logits(ids, vals, seg, n, training=training), labels, label_row, n)
+        a row's k labels weighted 1/k (the multi-hot target normalized to sum 1); in training,
+        model.label_smoothing of the target spread evenly over every label."""
+        return self.xent(self.logits(ids, vals, seg, n, training=training), labels, label_row, n,
+                         self.smoothing if training else 0.0)
 
     @staticmethod
-    def xent(z, labels, label_row, n):
+    def xent(z, labels, label_row, n, smoothing=0.0):
         k = tf.math.unsorted_segment_sum(tf.ones_like(labels, tf.float32), label_row, n)
         target = tf.gather_nd(z, tf.stack([label_row, labels], 1)) / tf.gather(k, label_row)
-        xent = tf.reduce_logsumexp(z, 1) - tf.math.unsorted_segment_sum(target, label_row, n)
+        target = tf.math.unsorted_segment_sum(target, label_row, n)
+        if smoothing:
+            target = (1.0 - smoothing) * target + smoothing * tf.reduce_mean(z, 1)
+        xent = tf.reduce_logsumexp(z, 1) - target
         has = tf.cast(k > 0, tf.float32)
         return tf.reduce_sum(has * xent) / tf.maximum(tf.reduce_sum(has), 1.0)
 

@@ -118,6 +118,7 @@ class SparseMLP(tf.Module):
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout
+        self.label_smoothing = cfg.label_smoothing
         self.cfg = cfg
         hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
                   for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
@@ -207,7 +208,8 @@ class SparseMLP(tf.Module):
             if training:
                 self.touched.mark(TouchedRows.LABELS, label_ids)
             z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
-            return _softmax_xent(z, label_ids, label_seg, label_w, size)
+            return _softmax_xent(z, label_ids, label_seg, label_w, size,
+                                 self.label_smoothing if training else 0.0)
         cand, corr, label_pos = self.candidates(label_ids)
         if training:
             self.touched.mark(TouchedRows.LABELS, cand)
@@ -257,11 +259,15 @@ class SparseMLP(tf.Module):
         return _softmax_xent(z, label_pos, label_seg, label_w, size)
 
 
-def _softmax_xent(z, label_ids, label_seg, label_w, size):
+def _softmax_xent(z, label_ids, label_seg, label_w, size, smoothing: float = 0.0):
+    """Mean over the rows with labels of the cross-entropy against their target, with
+    `smoothing` of it spread evenly over every label (model.label_smoothing)."""
     lse = tf.reduce_logsumexp(z, axis=1)
     picked = tf.gather_nd(z, tf.stack([label_seg, tf.cast(label_ids, tf.int32)], axis=1))
     target = tf.math.unsorted_segment_sum(label_w * picked, label_seg, size)
     has = tf.math.unsorted_segment_sum(label_w, label_seg, size)  # 1 with labels, else 0
+    if smoothing:
+        target = (1.0 - smoothing) * target + smoothing * has * tf.reduce_mean(z, axis=1)
     return tf.reduce_sum(has * lse - target) / tf.maximum(tf.reduce_sum(has), 1.0)
 
 

@@ -9,7 +9,8 @@ import pytest
 from tests.harness.mpirun import explain, mpirun, records, train
 
 
-CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep", "rowwise_adagrad:acc"]
+CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep", "rowwise_adagrad:acc",
+         "rowwise_adagrad:smooth"]
 
 
 @pytest.fixture(scope="module")

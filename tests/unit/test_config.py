@@ -47,6 +47,8 @@ def test_file_then_overrides_win(tmp_path):
     ("train:\n  batch_size: -4\n", "train.batch_size: must be > 0"),
     ("optim:\n  lr: true\n", "optim.lr: expected a number"),
     ("model:\n  hidden: []\n", "model.hidden"),
+    ("model:\n  label_smoothing: 1.0\n", "model.label_smoothing: must be in [0, 1)"),
+    ("model:\n  label_smoothing: 0.1\n  output: sampled\n", "model.label_smoothing: spreads the target"),
     ("hetero:\n  slowdown: {1: 0.5}\n", "hetero.slowdown"),
     ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
     ("data:\n  train: a.txt\n", "data: train and test must both be"),

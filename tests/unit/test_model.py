@@ -18,7 +18,7 @@ def tiny_batch():
                  label_w=np.array([1.0, 0.5, 0.5], np.float32), size=3)
 
 
-def numpy_loss(model, b):
+def numpy_loss(model, b, smoothing=0.0):
     w = [v.numpy().astype(np.float64) for v in model.variables_list]
     x = np.zeros((b.size, model.n_features))
     np.add.at(x, (b.feat_seg, b.feat_ids), b.feat_vals)
@@ -29,6 +29,7 @@ def numpy_loss(model, b):
     y = np.zeros_like(h)
     np.add.at(y, (b.label_seg, b.label_ids), b.label_w)
     has = y.sum(1)
+    y = (1 - smoothing) * y + smoothing * has[:, None] / y.shape[1]  # labelled rows only
     return float(((has * lse) - (y * h).sum(1)).sum() / has.sum())
 
 
@@ -36,6 +37,17 @@ def test_loss_matches_numpy_and_skips_unlabelled_rows():
     m = SparseMLP(6, 4, ModelConfig(hidden=[5, 3], init_seed=3))
     b = tiny_batch()
     assert float(m.loss(*batch_tensors(b))) == pytest.approx(numpy_loss(m, b), rel=1e-5)
+
+
+def test_label_smoothing_spreads_the_target_in_training_only():
+    m = SparseMLP(6, 4, ModelConfig(hidden=[5], init_seed=3, label_smoothing=0.2))
+    b = tiny_batch()
+    smoothed = float(m.loss(*batch_tensors(b)))
+    assert smoothed == pytest.approx(numpy_loss(m, b, smoothing=0.2), rel=1e-5)
+    assert smoothed != pytest.approx(numpy_loss(m, b), rel=1e-3)
+    # evaluation, and optim.lr auto's judge, see the plain target
+    assert float(m.loss(*batch_tensors(b), training=False)) == pytest.approx(numpy_loss(m, b), rel=1e-5)
+    assert float(m.loss_and_top(*batch_tensors(b))[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
 
 
 def test_gradient_is_row_sparse_and_matches_finite_differences():

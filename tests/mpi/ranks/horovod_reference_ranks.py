@@ -48,7 +48,8 @@ def check(case: str, c) -> None:
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=sync", f"optim.name={optimizer}", *opt_sets,
         *(["model.hidden=[48, 32]"] if shape == "deep" else []),
-        *(["optim.initial_accumulator=0.1"] if shape == "acc" else [])])
+        *(["optim.initial_accumulator=0.1"] if shape == "acc" else []),
+        *(["model.label_smoothing=0.1"] if shape == "smooth" else [])])
     from hvd_adaptive.train.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
     from tests.harness.real_algorithm import build
