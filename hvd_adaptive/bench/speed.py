@@ -64,7 +64,8 @@ from typing import Optional
 
 from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
-from hvd_adaptive.bench.measure import limits, lower_quartile, measures, median, span, time_span, time_to_target
+from hvd_adaptive.bench.measure import (limits, lower_quartile, measures, median, span, time_span,
+                                        time_to_target)
 from hvd_adaptive.bench.output import align
 from hvd_adaptive.train.records import METRICS, SUMMARY, load_run
 from hvd_adaptive.train.run import mpirun_command

@@ -5,9 +5,9 @@ rows it did not train: the highest precision at 5 wins among the candidates whos
 is within LOSS_SLACK of the lowest (`pick`). The candidates are powers of 2 around a centre
 taken from the data (`centre`), and the search goes on past the lowest or highest rate while
 the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
-(`split`), and every rank takes the same choice from one allgather of the judgements a round. The probe runs inside each rank's
-slowdown and its seconds are charged to the run's clock: what a choice costs counts in the time
-to a target.
+(`split`), and every rank takes the same choice from one allgather of the judgements a round.
+The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
+a choice costs counts in the time to a target.
 
 The rule, the candidates and the probe's size are the module's; how a candidate trains and how
 its held-out rows are scored are the caller's (`choose`, `HeldOut`), so the project's algorithms
