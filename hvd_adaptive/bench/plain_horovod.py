@@ -284,31 +284,15 @@ def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
 
 
 def choose_lr(plain: PlainHorovod, train, cfg, rates: list) -> Optional[tune.LrChoice]:
-    """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.choose: its candidates,
+    """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.search: its candidates,
     rows and rule, shared out by the ranks' standalone `rates`), each candidate trained with this
     script's own step without the allreduce, from the broadcast start, which is put back; None
     when the rate is pinned."""
     if cfg.optim.lr != "auto":
         return None
-    rows, held_rows = tune.probe_rows(train.n_rows, cfg.train.batch_size)
-    steps = [batch(train, b) for b in np.array_split(rows, tune.PROBE_STEPS) if len(b)]
-    held = tune.HeldOut(train, held_rows, cfg.train.eval_memory_mb, lambda r: batch(train, r),
-                        hvd.size())
-
-    with plain.unchanged() as restore:
-        def try_rate(lr: float) -> tuple[float, float]:
-            plain.opt.lr.assign(lr)
-            for b in steps:
-                plain.alone(*b)
-            judged = held(plain.held_out)
-            restore()
-            return judged
-
-        rank, size, allgather = hvd.rank(), hvd.size(), hvd.allgather_object
-        choice = tune.choose(tune.centre(cfg.optim.name, train, rows), try_rate,
-                             lambda: held.shared(plain.held_out, rank, size, allgather)[0],
-                             rank, size, allgather, cfg.optim.name, rates)
-    choice.rows, choice.held_out_rows = len(rows), len(held_rows)
+    choice = tune.search(cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out,
+                         plain.opt.lr, plain.unchanged, hvd.rank(), hvd.size(),
+                         hvd.allgather_object, rates)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:
         print(choice.line(), flush=True)

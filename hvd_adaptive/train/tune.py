@@ -10,7 +10,7 @@ The probe runs inside each rank's slowdown and its seconds are charged to the ru
 a choice costs counts in the time to a target.
 
 The rule, the candidates and the probe's size are the module's; how a candidate trains and how
-its held-out rows are scored are the caller's (`choose`, `HeldOut`), so the project's algorithms
+its held-out rows are scored are the caller's (`search`), so the project's algorithms
 (`probe`) and the plain Horovod script of the benchmark (hvd_adaptive.bench.plain_horovod)
 choose the same way with their own steps.
 """
@@ -229,21 +229,21 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     t0 = time.perf_counter()
     start_loss = float(start_loss())
     # At least 3 candidates, and a multiple of the ranks so that alike ranks do not idle in the
-    # first round: 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay on the
-    # Delicious-shaped rows; docs/benchmark.md).
+    # first round: 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay
+    # on the Delicious-shaped rows; docs/benchmark.md).
     width = size * math.ceil(3 / size)
     todo = [j - width // 2 for j in range(width)]
     judged: dict[int, tuple[float, float]] = {}
     trained_by: dict[int, int] = {}
     while todo:
-        mine = {}
-        for j, r in zip(todo, split(len(todo), speeds, size)):
+        mine, owners = {}, split(len(todo), speeds, size)
+        for j, r in zip(todo, owners):
             if r == rank:
                 loss, p5 = (float(x) for x in try_rate(start * 2.0 ** j))
                 mine[j] = (loss if math.isfinite(loss) else float("nan"), p5)
-        for r, part in enumerate(allgather(mine)):
+        trained_by.update(zip(todo, owners))
+        for part in allgather(mine):
             judged.update(part)
-            trained_by.update({j: r for j in part})
         js = sorted(judged)
         losses = [judged[j][0] for j in js]
         finite = [l for l in losses if math.isfinite(l)]
@@ -270,33 +270,44 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
                     rows=0, held_out_rows=0, seconds=seconds)
 
 
-def probe(algo, allgather: Callable[[object], list],
-          speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice]:
-    """`optim.lr: auto` for one of the project's algorithms: each candidate runs the algorithm's
-    local training step (`Algorithm.local_step`'s traced function, with its slowdown) on the
-    probe's rows from the model as it stands, which is then put back (`Algorithm.unchanged`),
-    and is judged by `Algorithm.held_out`. `speeds`: every rank's calibrated rows/s, which share
-    out the candidates (`split`). None when the rate is pinned."""
-    cfg = algo.cfg
-    if cfg.optim.lr != "auto":
-        return None
-    ds = algo.ctx.train
+def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..., object],
+           scores: Callable[..., tuple], lr, unchanged, rank: int, size: int,
+           allgather: Callable[[object], list],
+           speeds: Optional[Sequence[float]] = None) -> LrChoice:
+    """`choose` with the probe's rows of `ds`: each candidate sets the rate variable `lr`,
+    runs `step(*batch)` on the probe's batches (`make_batch`: rows -> batch) from the model as
+    it stands, is judged by `scores` on the held-out rows (`HeldOut`) and put back by the
+    restore function that the context manager `unchanged()` yields. The project's algorithms
+    (`probe`) and the plain Horovod script each pass their own step, judge and variables."""
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
-    steps = [algo.batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
-    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, algo.batch, algo.cluster.size)
+    steps = [make_batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
+    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
 
-    with algo.unchanged() as restore:
-        def try_rate(lr: float) -> tuple[float, float]:
-            algo.opt.lr.assign(lr)
+    with unchanged() as restore:
+        def try_rate(rate: float) -> tuple[float, float]:
+            lr.assign(rate)
             for b in steps:
-                algo.probe_step(*b)
-            judged = held(algo.held_out)
+                step(*b)
+            judged = held(scores)
             restore()
             return judged
 
-        rank, size = algo.cluster.rank, algo.cluster.size
         choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
-                        lambda: held.shared(algo.held_out, rank, size, allgather)[0],
+                        lambda: held.shared(scores, rank, size, allgather)[0],
                         rank, size, allgather, cfg.optim.name, speeds)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice
+
+
+def probe(algo, allgather: Callable[[object], list],
+          speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice]:
+    """`optim.lr: auto` for one of the project's algorithms (`search`): each candidate runs the
+    algorithm's local training step (`Algorithm.local_step`'s traced function, with its
+    slowdown) from the model as it stands, which is then put back (`Algorithm.unchanged`), and
+    is judged by `Algorithm.held_out`. `speeds`: every rank's calibrated rows/s, which share out
+    the candidates (`split`). None when the rate is pinned."""
+    if algo.cfg.optim.lr != "auto":
+        return None
+    return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
+                  algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,
+                  speeds)

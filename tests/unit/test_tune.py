@@ -87,6 +87,9 @@ def test_two_ranks_of_unequal_speed_train_three_candidates_and_one_and_agree():
     assert len(tried[0]) == 3 and len(tried[1]) == 1, tried
     assert not set(tried[0]) & set(tried[1])
     assert c0.ranks == c1.ranks and sorted(c0.ranks) == [0, 0, 0, 1], c0.ranks
+    for rank in (0, 1):  # the record names the rank that tried each candidate
+        mine = sorted(c for c, r in zip(c0.candidates, c0.ranks) if r == rank)
+        assert mine == pytest.approx(sorted(tried[rank]), rel=1e-3), (rank, c0.ranks, tried)
 
 
 def test_the_centre_follows_the_rows_l1_norm():
@@ -156,3 +159,45 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     # `shared`: each rank scores its share, one allgather adds them (two ranks played here).
     for rank in (0, 1):
         assert split.shared(scores, rank, 2, lambda mine: [mine, halves[1 - rank]]) == pytest.approx(split(scores))
+
+
+def test_every_candidate_trains_from_the_same_start_which_comes_back():
+    """tune.search (the project's probe and the plain script's): each candidate sets the rate,
+    trains the probe's PROBE_STEPS batches from the start, is judged, and the start is put back
+    before the next; the rate and the model are the start's again at the end."""
+    from types import SimpleNamespace
+
+    from hvd_adaptive.data import Dataset
+
+    class Var:  # what tune.unchanged needs of a variable
+        def __init__(self, x):
+            self.x = np.array(x, float)
+
+        def numpy(self):
+            return self.x
+
+        def assign(self, v):
+            self.x = np.array(v, float)
+
+    n, labels = 3000, 10
+    ds = Dataset(np.arange(n + 1), np.zeros(n, np.int32), np.ones(n, np.float32), np.arange(n + 1),
+                 (np.arange(n) % labels).astype(np.int32), 1, labels)
+    w, lr, seen = Var(0.0), Var(0.0), []
+
+    def step(*batch):  # sgd on w: one step of the rate
+        w.assign(w.x + lr.x)
+
+    def scores(rows):  # loss lowest at w = 16, the same ranking for every model
+        seen.append((float(lr.x), float(w.x)))
+        return (float(w.x) - 16.0) ** 2 + 1.0, np.tile(np.arange(5), (len(rows), 1))
+
+    cfg = SimpleNamespace(train=SimpleNamespace(batch_size=256, eval_memory_mb=64.0),
+                          optim=SimpleNamespace(name="sgd"))
+    c = tune.search(cfg, ds, lambda rows: (rows,), step, scores, lr, lambda: tune.unchanged([w, lr]),
+                    0, 1, lambda x: [x])
+    judged = [(rate, at) for rate, at in seen if rate > 0]  # the start's judgement has rate 0
+    assert len(judged) == len(c.candidates) >= 4, seen
+    assert all(at == pytest.approx(tune.PROBE_STEPS * rate) for rate, at in judged), judged
+    assert c.lr == pytest.approx(0.5, rel=1e-3)  # 32 steps of 0.5: w = 16
+    assert float(w.x) == 0.0 and float(lr.x) == 0.0
+    assert c.rows == tune.PROBE_STEPS * tune.PROBE_BATCH and c.held_out_rows == n // 4
