@@ -199,3 +199,23 @@ def test_a_reference_that_is_not_a_contender_is_refused_before_any_run(tmp_path)
         main(["--config", "configs/tiny.yaml", "--algorithms", "sync", "adaptive",
               "--reference", "adaptive_f16", "--target", "0.5", "--out", str(tmp_path / "b")])
     assert not (tmp_path / "b").exists()
+
+
+def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best():
+    """bench.keep_rules: the gap is the best test P@1 less the test P@1 of the evaluation a rule
+    picks, in points; neighbour averaging smooths a lone validation peak away."""
+    from hvd_adaptive.bench.keep_rules import RULES, gap, table
+
+    def ev(test, v1, v3, v5):
+        return {"p_at_1": test, "val_p_at_1": v1, "val_p_at_3": v3, "val_p_at_5": v5}
+
+    # validation P@1 peaks alone at the second evaluation (test 0.50); P@5 picks the third (0.52)
+    evals = [ev(0.40, 0.40, 0.30, 0.20), ev(0.50, 0.60, 0.30, 0.20), ev(0.52, 0.55, 0.35, 0.30),
+             ev(0.51, 0.54, 0.34, 0.29)]
+    assert gap(evals, RULES["val P@1"]) == pytest.approx(2.0)
+    assert gap(evals, RULES["val P@5"]) == pytest.approx(0.0)
+    # neighbours of val P@1: 0.50, 0.517, 0.563, 0.545 -> the third
+    assert gap(evals, RULES["val P@1"], smooth=True) == pytest.approx(0.0)
+    lines = table([evals, evals], over=1.0).splitlines()
+    assert lines[1].split() == ["val", "P@1", "2", "2.00", "2.00", "2.00", "2"]
+    assert lines[3].split() == ["val", "P@5", "2", "0.00", "0.00", "0.00", "0"]

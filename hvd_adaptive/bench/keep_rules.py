@@ -1,0 +1,65 @@
+"""Which validation figure picks the kept model best, read from finished runs: for each rule,
+how far the test P@1 of the evaluation it picks lies below the run's best test P@1.
+
+The evidence behind keeping the model of the best validation P@1 (docs/accuracy.md). Every
+evaluation record of a run with a validation split holds val_p_at_1, val_p_at_3 and
+val_p_at_5, so the rules are compared on the same runs without training again:
+
+    python -m hvd_adaptive.bench.keep_rules runs/acc4-accuracy/*-r* runs/acc-pypi*/*-r* --over 0.5
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from hvd_adaptive.bench.output import align
+from hvd_adaptive.train.records import load_runs
+
+# name -> the validation figure a rule maximizes, from one evaluation record
+RULES = {
+    "val P@1": lambda e: e["val_p_at_1"],
+    "val P@5": lambda e: e["val_p_at_5"],
+    "val P@1+P@5": lambda e: e["val_p_at_1"] + e["val_p_at_5"],
+    "val P@1+P@3+P@5": lambda e: e["val_p_at_1"] + e["val_p_at_3"] + e["val_p_at_5"],
+}
+
+
+def gap(evals: list[dict], figure, smooth: bool = False) -> float:
+    """Points of test P@1 between the best evaluation and the first one that maximizes
+    `figure` (averaged with its neighbours when `smooth`)."""
+    v = np.array([figure(e) for e in evals], float)
+    if smooth:
+        v = np.array([v[max(0, i - 1):i + 2].mean() for i in range(len(v))])
+    test = np.array([e["p_at_1"] for e in evals])
+    return 100.0 * float(test.max() - test[int(np.argmax(v))])
+
+
+def table(runs: list[list[dict]], over: float) -> str:
+    """One line a rule (plain and neighbour-averaged): the runs' median, mean and largest gap
+    and how many are over `over` points."""
+    cells = [["rule", "runs", "median", "mean", "max", f"over {over:g}"]]
+    for name, figure in RULES.items():
+        for smooth in (False, True):
+            g = np.array([gap(ev, figure, smooth) for ev in runs])
+            cells.append([name + (", neighbours" if smooth else ""), str(len(g)),
+                          f"{np.median(g):.2f}", f"{g.mean():.2f}", f"{g.max():.2f}",
+                          str(int((g > over).sum()))])
+    return align(cells, text_columns=1)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", help="run folders (those without a validation split are left out)")
+    ap.add_argument("--over", type=float, default=0.5, help="gap in points of P@1 counted as too far")
+    a = ap.parse_args(argv)
+    runs = [[e for e in r.evals if "val_p_at_1" in e] for r in load_runs(a.runs)]
+    runs = [ev for ev in runs if len(ev) >= 2]
+    if not runs:
+        raise SystemExit("keep_rules: none of the runs has two evaluations with a validation split")
+    print(f"points of test P@1 below the run's best evaluation, {len(runs)} runs")
+    print(table(runs, a.over))
+
+
+if __name__ == "__main__":
+    main()
