@@ -23,7 +23,7 @@ def test_sync_two_ranks_learns_and_keeps_replicas_identical(sync_reference):
     assert (run / "config.json").is_file()
 
 
-CASES = [("equal", "sgd"), ("proportional", "sgd"), ("sharded", "adagrad"),
+CASES = [("equal", "sgd"), ("timed", "sgd"), ("proportional", "sgd"), ("sharded", "adagrad"),
          ("sharded", "rowwise_adagrad")]
 
 
@@ -37,9 +37,10 @@ def equivalence():
 @pytest.mark.parametrize("partition,optimizer", CASES)
 def test_sync_equals_one_process_sgd_and_distributed_eval_equals_one_process(equivalence, partition,
                                                                             optimizer):
-    """The sharded output-layer update (auto's gradient windows) with Adagrad, whose state the
-    shards must keep, equals one process too, also under row-wise Adagrad (whose input layer
-    has row accumulators and whose sharded output layer keeps Adagrad's); proportional splits
-    follow their rule."""
+    """Sync's fused step (the default) and its timed step both equal one process, and only the
+    timed one counts communication; the sharded output-layer update (auto's gradient windows)
+    with Adagrad, whose state the shards must keep, equals one process too, also under row-wise
+    Adagrad (whose input layer has row accumulators and whose sharded output layer keeps
+    Adagrad's); proportional splits follow their rule."""
     p = equivalence
     assert f"sync equivalence ok ({partition}, {optimizer})" in p.stdout and p.returncode == 0, explain(p)

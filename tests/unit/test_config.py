@@ -39,6 +39,16 @@ def test_file_then_overrides_win(tmp_path):
     assert cfg.optim.lr == Config().optim.lr    # default kept
 
 
+@pytest.mark.parametrize("hetero, sleeps", [
+    ({}, False), ({"slowdown": {1: 1.0}}, False), ({"slowdown": {1: 2.0}}, True),
+    ({"schedule": [{"from_epoch": 0.5, "slowdown": {1: 2.0}}]}, True), ({"jitter": 0.1}, True),
+    ({"mode": "cpu_quota", "slowdown": {1: 2.0}}, False)])
+def test_whether_a_run_sleeps_is_read_from_the_config(hetero, sleeps):
+    # Every rank decides sync's step from it (fused, or timed for the sleeps), so it cannot
+    # depend on the rank's own factor: rank 0 runs at full speed while rank 1 sleeps.
+    assert config_from_dict({"hetero": hetero}).hetero.sleeps is sleeps
+
+
 @pytest.mark.parametrize("text, needle", [
     ("train:\n  batchsize: 3\n", "train.batchsize: unknown key"),
     ("trian:\n  epochs: 3\n", "trian: unknown key"),
@@ -50,6 +60,7 @@ def test_file_then_overrides_win(tmp_path):
     ("model:\n  label_smoothing: 1.0\n", "model.label_smoothing: must be in [0, 1)"),
     ("model:\n  label_smoothing: 0.1\n  output: sampled\n", "model.label_smoothing: spreads the target"),
     ("hetero:\n  slowdown: {1: 0.5}\n", "hetero.slowdown"),
+    ("sync:\n  step: split\n", "sync.step"),
     ("adaptive:\n  b_min: 512\n  b_max: 64\n", "adaptive.b_min"),
     ("data:\n  train: a.txt\n", "data: train and test must both be"),
     ("merge:\n  chunk_mb: -1\n", "merge.chunk_mb: must be >= 0"),

@@ -86,7 +86,8 @@ class RoundStats:
     moving model data (allreduce of gradients, merge of replicas, shared-memory copies),
     `sync_s` exchanging timings (allgather), `wait_s` the rest: waiting for other ranks (the
     algorithms enter each collective through a barrier, so that waiting is not counted as
-    communication).
+    communication). Sync's fused step (`sync.step: fused`) is one span: its allreduce and its
+    wait for the other ranks are inside its compute_s.
     """
 
     epoch: float

@@ -4,8 +4,13 @@ Every step, each rank computes the gradient of its part of one global batch, the
 summed over ranks by one fused Horovod allreduce (row-sparse gradients are allgathered, so the
 update stays row-sparse), and every rank applies the same update, so all replicas stay equal.
 A step is three parts: gradient (local computation), allreduce (communication), update (local
-computation); only the two local parts are slowed by simulated heterogeneity, and a barrier
-before the allreduce separates waiting for the slowest rank from the transfer itself.
+computation). `sync.step: fused` (the default) runs them as one tf.function, as a plain Horovod
+script does: Horovod takes each gradient as soon as the backward pass has it, and a step pays
+one function call. The timed step runs them as three, with a barrier before the allreduce that
+separates waiting for the slowest rank from the transfer itself; only the two local parts are
+slowed by simulated heterogeneity. The proportional partition (which splits the batch by the
+measured parts), the sharded update and a sleep-mode slowdown (which slows the local parts
+only) always take the timed step.
 
 partition "equal": every rank takes train.batch_size rows a step. partition "proportional"
 (LB-BSP): the global batch is split so that every rank's local computation takes equally long,
@@ -82,14 +87,25 @@ class Sync(Algorithm):
                 self.opt.apply(grads, self.variables)
             return tf.constant(0.0)
 
-        self._gradient, self._allreduce, self._update = gradient, allreduce, update
+        @tf.function(input_signature=(*BATCH_SIGNATURE, tf.TensorSpec([], tf.float32)),
+                     autograph=False)
+        def fused(*args):
+            loss, grads = gradient(*args)
+            update(allreduce(grads))
+            return loss
+
+        self._gradient, self._allreduce, self._update, self._fused = gradient, allreduce, update, fused
         # The dense output layer (full softmax) is the one sharded; sampled layers are row-sparse.
         self.sharded = None
         if (shard_update or self.cfg.sync.shard_update) and n > 1 and not self.model.sampled:
             self.sharded = ShardedUpdate(self, len(self.variables) - 2)
+        # Decided from the config alone, so every rank takes the same step (the timed step's
+        # barrier and the fused step's allreduce must meet their peers').
+        self.fused = (self.cfg.sync.step == "fused" and self.partition == "equal"
+                      and not self.sharded and not self.cfg.hetero.sleeps)
 
     def step_functions(self) -> list:
-        return [self._local_step, self._gradient]
+        return [self._local_step, self._fused if self.fused else self._gradient]
 
     def setup(self) -> None:
         # Horovod: start every replica from rank 0's weights so they stay identical.
@@ -106,6 +122,9 @@ class Sync(Algorithm):
         with self.unchanged():
             for size in (8, 16):
                 rows = np.arange(min(size, self.ctx.train.n_rows))
+                if self.fused:
+                    self._fused(*self.batch(rows), tf.constant(0.0))
+                    continue
                 _, grads = self._gradient(*self.batch(rows), tf.constant(0.0))
                 if self.sharded:
                     self._update(self.sharded.reduce(grads))
@@ -118,6 +137,10 @@ class Sync(Algorithm):
     def step(self, rows: np.ndarray, share: float, stats: RoundStats) -> None:
         """One synchronous step on this rank's `rows`, `share` of the global batch."""
         batch = self.batch(rows, stats)
+        if self.fused:  # computation, transfer and waiting in one span, counted as computation
+            loss, t_step = self.hetero.compute(self._fused, *batch, tf.constant(share, tf.float32))
+            stats.add_step(len(rows), float(loss), t_step)
+            return
         (loss, grads), t_grad = self.hetero.compute(self._gradient, *batch, tf.constant(share, tf.float32))
         self.cluster.comm.Barrier()  # waiting for the slowest rank is not counted as transfer
         with stats.timed("comm_s"):

@@ -3,10 +3,11 @@ project's maths: from the same initial weights, on the same global batches, its 
 project's `sync` steps leave the same weights and optimizer state.
 
 Usage: mpirun -np 2 python tests/mpi/ranks/horovod_reference_ranks.py CASE [CASE ...]
-  CASE: OPTIMIZER[:deep|:acc] (sgd, momentum, adagrad, rowwise_adagrad; `deep`: two hidden layers,
-  `acc`: accumulators starting at optim.initial_accumulator 0.1,
-  so a dense hidden kernel sits between the row-sparse input layer and the output layer); the
-  cases run one after another in the same ranks.
+  CASE: OPTIMIZER[:deep|:acc|:smooth|:timed] (sgd, momentum, adagrad, rowwise_adagrad; `deep`:
+  two hidden layers, so a dense hidden kernel sits between the row-sparse input layer and the
+  output layer; `acc`: accumulators starting at optim.initial_accumulator 0.1; `smooth`: label
+  smoothing; `timed`: sync's timed step instead of its fused one); the cases run one after
+  another in the same ranks.
 
 Per case both are built on the tiny config: the project's Sync algorithm (as the trainer builds
 it, broadcast and traced) and the plain script's model, optimizer and tf.function step. The
@@ -49,13 +50,15 @@ def check(case: str, c) -> None:
         "train.algorithm=sync", f"optim.name={optimizer}", *opt_sets,
         *(["model.hidden=[48, 32]"] if shape == "deep" else []),
         *(["optim.initial_accumulator=0.1"] if shape == "acc" else []),
-        *(["model.label_smoothing=0.1"] if shape == "smooth" else [])])
+        *(["model.label_smoothing=0.1"] if shape == "smooth" else []),
+        *(["sync.step=timed"] if shape == "timed" else [])])
     from hvd_adaptive.train.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
     from tests.harness.real_algorithm import build
 
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync, set up (rank 0's weights broadcast) and traced
+    assert algo.fused == (shape != "timed"), (case, algo.fused)
     plain = plain_horovod.PlainHorovod(cfg, train.n_features, train.n_labels)
     project = algo.variables
     assert len(project) == len(plain.net.ordered), (len(project), len(plain.net.ordered))

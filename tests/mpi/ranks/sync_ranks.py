@@ -2,11 +2,15 @@
 and distributed evaluation equals a one-process evaluation of the same model.
 
 Usage: mpirun -np 2 python tests/mpi/ranks/sync_ranks.py CASE [CASE ...]
-  CASE: PARTITION[:OPTIMIZER], PARTITION one of equal, proportional, sharded (sgd by default);
-  the cases run one after another in the same ranks.
+  CASE: PARTITION[:OPTIMIZER], PARTITION one of equal, timed, proportional, sharded (sgd by
+  default); the cases run one after another in the same ranks.
 
-The ranks train one epoch of the tiny config with the real Sync algorithm (rank 1 slowed 3x, so
-that the proportional partition splits every step unevenly); `sharded` is sync with that
+The ranks train one epoch of the tiny config with the real Sync algorithm. `equal` takes sync's
+fused step (one tf.function a step, its time all computation in the round records); the other
+cases have rank 1 slowed 3x (sleep mode), so that the proportional partition splits every step
+unevenly, and take the timed step (computation, allreduce and update apart, the allreduce's
+seconds counted as communication); `timed` is the equal partition with `sync.step: timed`
+(asked for, and required by the sleeps anyway). `sharded` is sync with that
 partition and the sharded update of the output layer (each rank updates its rows of the layer and
 of the optimizer state), as auto's gradient windows train. Rank 0 then replays the epoch in one process: for every step the same global
 batch (the same rows of the epoch's permutation), the mean loss over it, the same optimizer
@@ -32,10 +36,12 @@ def check(case: str, c) -> None:
     # of gradients far below it, so the comparison sees the update rule, not the noise.
     adagrad = ["optim.lr=0.1", "optim.eps=0.01"]
     opt_sets = {"sgd": ["optim.lr=0.5"], "adagrad": adagrad, "rowwise_adagrad": adagrad}[optimizer]
-    algorithm = ["train.algorithm=sync", "sync.partition=proportional", "sync.shard_update=true"] \
-        if partition == "sharded" else ["train.algorithm=sync", f"sync.partition={partition}"]
+    algorithm = {"sharded": ["sync.partition=proportional", "sync.shard_update=true"],
+                 "timed": ["sync.step=timed"]}.get(partition, [f"sync.partition={partition}"])
+    fused = partition == "equal"
     cfg, _ = load_config("configs/tiny.yaml", [
-        *algorithm, "train.epochs=1", "hetero.slowdown={1: 3.0}", f"optim.name={optimizer}",
+        "train.algorithm=sync", *algorithm, "train.epochs=1",
+        *([] if fused else ["hetero.slowdown={1: 3.0}"]), f"optim.name={optimizer}",
         *opt_sets,
         # Steps whose cost grows with their rows (a wider output layer): with the tiny
         # config's, the per-step costs dominate and the balanced split put the slowed rank at
@@ -54,10 +60,11 @@ def check(case: str, c) -> None:
     train, test = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync: train.algorithm=sync
     model = algo.model
-    splits, expected, got = [], [], []
+    splits, expected, got, comm = [], [], [], 0.0
     per_row = per_step = None
     while (stats := algo.run_round()) is not None:
         splits.append(c.comm.allgather(stats.samples))
+        comm += stats.comm_s
         if algo.partition == "proportional":
             # The rule, from the round's own allgathered figures.
             figs = np.array(c.comm.allgather((stats.extra["grad_s"], stats.samples,
@@ -73,6 +80,8 @@ def check(case: str, c) -> None:
             got.append(algo.sizes.copy())
     if algo.partition == "proportional":
         np.testing.assert_array_equal(np.array(got), np.array(expected))
+    # The fused step is one span, counted as computation; the timed step times its allreduce.
+    assert (comm == 0.0) == fused, f"{partition}: {comm:.4f} s of communication counted"
     if partition == "sharded":
         assert algo.sharded is not None and algo.sharded.hi - algo.sharded.lo < model.layers[-1].shape[0]
     mine = [v.numpy() for v in model.variables_list]
@@ -88,7 +97,7 @@ def check(case: str, c) -> None:
         for other in everyone[1:]:  # replicas identical
             for a, b in zip(everyone[0], other):
                 np.testing.assert_array_equal(a, b)
-        if partition != "equal":
+        if partition not in ("equal", "timed"):
             late = np.array(splits[1:]).sum(axis=0)
             assert late[0] > 1.5 * late[1], f"the split never favoured the fast rank: {splits}"
         # One process, the same global batches.
