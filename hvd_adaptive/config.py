@@ -265,7 +265,7 @@ class SyncConfig:
     """fused: a step is one tf.function (gradient, allreduce, update), as a plain Horovod script's
     is; its whole time counts as compute_s in the round records. timed: three, with a barrier
     before the allreduce, so computation, transfer and waiting are measured apart (the records'
-    breakdown; 8% fewer rows/s at 13,402 labels here). The proportional partition, shard_update
+    breakdown; 5% fewer rows/s at 13,402 labels here, docs/benchmark.md). The proportional partition, shard_update
     and a sleep-mode slowdown (which sleeps after the local parts only) need the parts timed and
     always take the timed step."""
     shard_update: bool = False
