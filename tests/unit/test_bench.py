@@ -204,7 +204,7 @@ def test_a_reference_that_is_not_a_contender_is_refused_before_any_run(tmp_path)
 def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best():
     """bench.keep_rules: the gap is the best test P@1 less the test P@1 of the evaluation a rule
     picks, in points; neighbour averaging smooths a lone validation peak away."""
-    from hvd_adaptive.bench.keep_rules import RULES, gap, table
+    from hvd_adaptive.bench.keep_rules import RULES, gap, latest_within_se_gap, table
 
     def ev(test, v1, v3, v5):
         return {"p_at_1": test, "val_p_at_1": v1, "val_p_at_3": v3, "val_p_at_5": v5}
@@ -219,3 +219,10 @@ def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best(
     lines = table([evals, evals], over=1.0).splitlines()
     assert lines[1].split() == ["val", "P@1", "2", "2.00", "2.00", "2.00", "2"]
     assert lines[3].split() == ["val", "P@5", "2", "0.00", "0.00", "0.00", "0"]
+    # The standard-error rule: at 50 validation rows the best 0.60 has a standard error of
+    # 0.069, so 0.55 (the third) and 0.54 (the fourth, test 0.51) are near-ties: the fourth is
+    # kept. At 10,000 rows (s.e. 0.005) neither is, and the rule keeps the second as val P@1 does.
+    assert latest_within_se_gap(evals, 50) == pytest.approx(1.0)
+    assert latest_within_se_gap(evals, 10_000) == pytest.approx(2.0)
+    lines = table([evals, evals], over=0.5, val_rows=[50, 10_000]).splitlines()
+    assert lines[-1].split()[-5:] == ["2", "1.50", "1.50", "2.00", "2"], lines[-1]
