@@ -72,8 +72,7 @@ def check(cfg) -> None:
     if cfg.optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name: the plain Horovod script has {', '.join(OPTIMIZERS)}, "
                           f"got {cfg.optim.name}")
-    h = cfg.hetero
-    if h.mode == "sleep" and (any(f > 1 for f in h.slowdown.values()) or h.schedule or h.jitter):
+    if cfg.hetero.sleeps:
         raise ConfigError("hetero: sleep mode slows the project's own computation spans, which a "
                           "plain Horovod script does not have; use hetero.mode=cpu_quota")
 
