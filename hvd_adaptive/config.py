@@ -127,12 +127,14 @@ class ModelConfig:
     raise P@1 (docs/accuracy.md). Evaluation and optim.lr auto's judge use the plain target."""
     init_seed: int = 1
     """Seed of the initial weights (identical on every rank)."""
-    output: Literal["full", "sampled"] = "full"
+    output: Literal["auto", "full", "sampled"] = "auto"
     """Output layer loss. full: softmax over every label (cost: batch x labels x hidden a step).
     sampled: softmax over a candidate set per batch, the batch's positive labels plus
     `negatives` sampled labels shared by the batch, with the sampler's log-probability
     correction; a step's cost follows the candidates, and the output layer's gradient and
-    optimizer update touch only their rows. Evaluation always ranks all labels."""
+    optimizer update touch only their rows. Evaluation always ranks all labels.
+    auto: sampled with negatives by frequency from SAMPLED_FROM_LABELS labels on (without
+    label smoothing), else full (`output_for`; docs/scale.md)."""
     negatives: int = 4096
     """sampled: negatives drawn per batch (without replacement; positives are always in)."""
     sampler: Literal["uniform", "frequency"] = "uniform"
@@ -145,10 +147,30 @@ class ModelConfig:
             raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"{path}.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
-        if self.label_smoothing > 0 and self.output != "full":
+        if self.label_smoothing > 0 and self.output == "sampled":
             raise ConfigError(f"{path}.label_smoothing: spreads the target over every label, which "
                               f"only {path}.output: full computes (got {self.output})")
         _positive(self, path, "negatives")
+
+
+# model.output auto takes the sampled loss from this many labels on (16 times the default
+# negatives). At 67,009 labels, sampled with 4,096 negatives by frequency reached the speed
+# benchmark's targets in about half the full softmax's time on 2 ranks, equal or one 2x slower
+# (twice the rows at four times the rows a second), and in 0.56 and 0.71 of it at 8 equal ranks
+# (docs/scale.md); fewer labels were not measured, and there the candidates are a larger share
+# of the labels.
+SAMPLED_FROM_LABELS = 65536
+
+
+def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
+    """`model` with output (and under auto the sampler) as a network of `n_labels` labels
+    takes it: auto becomes sampled by frequency from SAMPLED_FROM_LABELS labels on unless
+    label smoothing is set, else full; full and sampled stay as they are."""
+    if model.output != "auto":
+        return model
+    if n_labels >= SAMPLED_FROM_LABELS and model.label_smoothing == 0:
+        return dataclasses.replace(model, output="sampled", sampler="frequency")
+    return dataclasses.replace(model, output="full")
 
 
 @dataclass(frozen=True)

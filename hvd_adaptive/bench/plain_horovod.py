@@ -48,7 +48,7 @@ from typing import Optional
 import numpy as np
 
 from hvd_adaptive.train import tune
-from hvd_adaptive.config import ConfigError, load_config
+from hvd_adaptive.config import ConfigError, load_config, output_for
 from hvd_adaptive.data import epoch_permutation, load_data, split_validation
 from hvd_adaptive.train.hetero import Heterogeneity, smallest_quota
 from hvd_adaptive.model.metrics import (finalize, inverse_propensities, metric_sums,
@@ -67,7 +67,7 @@ SIGNATURE = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
 
 def check(cfg) -> None:
     """Refuses what this script does not do, before anything starts (ConfigError)."""
-    if cfg.model.output != "full":
+    if cfg.model.output == "sampled":
         raise ConfigError("model.output: the plain Horovod script trains the full softmax only")
     if cfg.optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name: the plain Horovod script has {', '.join(OPTIMIZERS)}, "
@@ -305,6 +305,10 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     train_ds, test_ds = load_data(cfg, root,
                                   lambda: hvd.allreduce(tf.zeros([1]), name="data_barrier").numpy())
     train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
+    if output_for(cfg.model, train_ds.n_labels).output != "full":
+        raise ConfigError(f"model.output auto: the project takes the sampled loss for "
+                          f"{train_ds.n_labels} labels, and the plain Horovod script trains the full "
+                          "softmax only; set model.output: full for every contender")
     freq = train_ds.label_frequencies()
     base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
     inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)

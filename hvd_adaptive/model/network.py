@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 from hvd_adaptive.tfload import tf
 
-from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig
+from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
 
 # The step functions take a batch as these seven tensors (see hvd_adaptive.data.Batch).
@@ -115,6 +115,7 @@ class SparseMLP(tf.Module):
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
                  label_freq: Optional[np.ndarray] = None):
         super().__init__(name="sparse_mlp")
+        cfg = output_for(cfg, n_labels)  # model.output auto: full or sampled for this many labels
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_adaptive.config import ModelConfig, OptimConfig
+from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
 from hvd_adaptive.model.network import Optimizer, RowMask, SparseMLP, TouchedRows, batch_tensors
 
@@ -296,3 +296,19 @@ def test_weight_stats_reads_variables_in_slices_and_matches_numpy():
     assert finite and norm == pytest.approx(want, rel=1e-6)
     variables[0].scatter_update(tf.IndexedSlices(tf.constant([[np.inf, 0, 0]], tf.float32), [2 * NORM_ROWS + 6]))
     assert not weight_stats(variables)[0]  # an inf in the last slice's last row
+
+
+@pytest.mark.parametrize("n_labels, smoothing, output", [
+    (SAMPLED_FROM_LABELS - 1, 0.0, "full"), (SAMPLED_FROM_LABELS, 0.0, "sampled"),
+    (SAMPLED_FROM_LABELS, 0.1, "full")])  # label smoothing spreads over every label: full only
+def test_output_auto_takes_the_sampled_loss_from_its_label_count(n_labels, smoothing, output):
+    cfg = ModelConfig(hidden=[2], label_smoothing=smoothing)  # output auto, the default
+    chosen = output_for(cfg, n_labels)
+    assert chosen.output == output
+    assert chosen.sampler == ("frequency" if output == "sampled" else cfg.sampler)
+    m = SparseMLP(3, n_labels, cfg, label_freq=np.ones(n_labels))
+    assert m.sampled == (output == "sampled")
+    # the sampled loss gathers output rows: its output layer is stored [labels x hidden]
+    assert m.layers[-1].shape.as_list() == ([n_labels, 2] if m.sampled else [2, n_labels])
+    for pinned in ("full", "sampled"):  # a pinned loss is used as given
+        assert output_for(ModelConfig(output=pinned), n_labels).output == pinned
