@@ -153,13 +153,13 @@ class ModelConfig:
         _positive(self, path, "negatives")
 
 
-# model.output auto takes the sampled loss from this many labels on (16 times the default
-# negatives). At 67,009 labels, sampled with 4,096 negatives by frequency reached the speed
-# benchmark's targets in about half the full softmax's time on 2 ranks, equal or one 2x slower
-# (twice the rows at four times the rows a second), and in 0.56 and 0.71 of it at 8 equal ranks
-# (docs/scale.md); fewer labels were not measured, and there the candidates are a larger share
-# of the labels.
-SAMPLED_FROM_LABELS = 65536
+# model.output auto takes the sampled loss from this many labels on (4 times the default
+# negatives). With 4,096 negatives by frequency, adaptive SGD on 2 equal ranks reached the speed
+# benchmark's targets in 0.87-0.88 of the full softmax's time at 13,402 labels, 0.75-0.77 at
+# 20,103, 0.61-0.64 at 33,505 and about half at 67,009 (twice the rows at four times the rows a
+# second; also with one rank 2x slower, and 0.56-0.71 at 8 ranks): docs/scale.md. At 13,402
+# labels, where the candidates are a third of the labels, the ranges of the seeds touched.
+SAMPLED_FROM_LABELS = 16384
 
 
 def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:

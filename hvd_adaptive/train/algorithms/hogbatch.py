@@ -77,7 +77,8 @@ class Hogbatch(Algorithm):
             # A CPU worker on a GPU node computes on the host: its replica lives there.
             # Untested here (no GPU on these machines).
             with tf.device(self.worker_device):
-                model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model)
+                model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model,
+                                  label_freq=ctx.train.label_frequencies())
                 opt = Optimizer.for_model(model, cfg.optim)
                 ctx = dataclasses.replace(ctx, model=model, opt=opt)
         super().__init__(ctx)
