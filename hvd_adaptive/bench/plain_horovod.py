@@ -5,7 +5,9 @@
 
 tf.Variables in a tf.Module (Keras 3 variables break Horovod 0.28), the project's model and loss
 (sparse input -> ReLU hidden layer(s) by gathering the input layer's rows -> softmax over every
-label, cross-entropy against the multi-hot labels normalized to sum 1), TensorFlow's own
+label, cross-entropy against the multi-hot labels normalized to sum 1; under model.output
+sampled, or auto at as many labels as the project takes it for, the softmax over the batch's
+labels and negatives drawn by TensorFlow's candidate samplers), TensorFlow's own
 optimizer kernels, `hvd.DistributedGradientTape` (Average) around the loss, the whole step in
 one `tf.function`, rank 0's weights broadcast at start, and each rank taking its slice of a
 global batch of ranks x train.batch_size rows cut from the epoch's shuffle. Nothing runs per
@@ -35,6 +37,7 @@ train.target_p_at_1, or at train.time_budget_s (checked at evaluations, where th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -67,8 +70,6 @@ SIGNATURE = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
 
 def check(cfg) -> None:
     """Refuses what this script does not do, before anything starts (ConfigError)."""
-    if cfg.model.output == "sampled":
-        raise ConfigError("model.output: the plain Horovod script trains the full softmax only")
     if cfg.optim.name not in OPTIMIZERS:
         raise ConfigError(f"optim.name: the plain Horovod script has {', '.join(OPTIMIZERS)}, "
                           f"got {cfg.optim.name}")
@@ -89,15 +90,22 @@ class Net(tf.Module):
     """The project's network and initialisation: Glorot-uniform kernels drawn in layer order
     from numpy's generator seeded by model.init_seed, zero biases."""
 
-    def __init__(self, n_features: int, n_labels: int, mcfg):
+    def __init__(self, n_features: int, n_labels: int, mcfg, label_freq=None):
         super().__init__(name="plain_net")
         rng = np.random.default_rng(mcfg.init_seed)
         sizes = [n_features, *mcfg.hidden, n_labels]
+        # The sampled loss gathers the output layer's rows: it is stored [labels x hidden].
+        self.sampled, self.negatives, self.n_labels = mcfg.output == "sampled", mcfg.negatives, n_labels
         self.kernels, self.biases = [], []
         for a, b in zip(sizes[:-1], sizes[1:]):
             limit = math.sqrt(6.0 / (a + b))
-            self.kernels.append(tf.Variable(rng.uniform(-limit, limit, (a, b)).astype(np.float32)))
+            w = rng.uniform(-limit, limit, (a, b)).astype(np.float32)
+            last = len(self.kernels) == len(sizes) - 2
+            self.kernels.append(tf.Variable(w.T.copy() if last and self.sampled else w))
             self.biases.append(tf.Variable(tf.zeros([b])))
+        # Negatives by label frequency: (training count + 1) ^ 0.75, TensorFlow's distortion.
+        self.unigrams = ([float(f) + 1.0 for f in label_freq]
+                         if self.sampled and mcfg.sampler == "frequency" else None)
         self.dropout = mcfg.dropout
         self.smoothing = mcfg.label_smoothing
         # kernel, bias of each layer, input layer first (the project's order, to compare and load)
@@ -116,14 +124,50 @@ class Net(tf.Module):
         return tf.nn.dropout(x, rate=self.dropout) if training and self.dropout > 0 else x
 
     def logits(self, ids, vals, seg, n, training=False):
-        return tf.matmul(self.hidden(ids, vals, seg, n, training), self.kernels[-1]) + self.biases[-1]
+        h = self.hidden(ids, vals, seg, n, training)
+        return tf.matmul(h, self.kernels[-1], transpose_b=self.sampled) + self.biases[-1]
 
     def loss(self, ids, vals, seg, labels, label_row, n, training=True):
         """Mean over the rows with labels of softmax cross-entropy against their labels, each of
         a row's k labels weighted 1/k (the multi-hot target normalized to sum 1); in training,
-        model.label_smoothing of the target spread evenly over every label."""
+        model.label_smoothing of the target spread evenly over every label. Sampled: in
+        training, the softmax over the batch's labels and model.negatives drawn ones."""
+        if self.sampled and training:
+            return self.sampled_loss(ids, vals, seg, labels, label_row, n)
         return self.xent(self.logits(ids, vals, seg, n, training=training), labels, label_row, n,
                          self.smoothing if training else 0.0)
+
+    def sampled_loss(self, ids, vals, seg, labels, label_row, n):
+        """The softmax over the batch's candidate labels (`candidates`)."""
+        cand, corr, where = self.candidates(labels)
+        return self.candidate_xent(ids, vals, seg, cand, corr, where, label_row, n)
+
+    def candidates(self, labels):
+        """The batch's own labels (no correction), then model.negatives labels drawn once for
+        the batch without replacement, each with the log of its expected count (sampled
+        softmax's correction); a drawn label that is one of the batch's counts once, as the
+        batch's. Returns (candidates, corrections, each label's place among the candidates)."""
+        own, where = tf.unique(tf.cast(labels, tf.int64))
+        some = tf.zeros([1, 1], tf.int64)  # the samplers' true classes, unused
+        if self.unigrams is None:
+            drawn, _, expected = tf.random.uniform_candidate_sampler(
+                some, 1, self.negatives, unique=True, range_max=self.n_labels)
+        else:
+            drawn, _, expected = tf.random.fixed_unigram_candidate_sampler(
+                some, 1, self.negatives, unique=True, range_max=self.n_labels, distortion=0.75,
+                unigrams=self.unigrams)
+        new = tf.logical_not(tf.reduce_any(drawn[:, None] == own[None, :], axis=1))
+        return (tf.concat([own, tf.boolean_mask(drawn, new)], 0),
+                tf.concat([tf.zeros(tf.shape(own)), tf.boolean_mask(tf.math.log(expected), new)], 0),
+                where)
+
+    def candidate_xent(self, ids, vals, seg, cand, corr, where, label_row, n):
+        """`xent` over the labels `cand` only, their logits less `corr`; `where`: each of the
+        batch's labels' place in `cand`."""
+        h = self.hidden(ids, vals, seg, n, training=True)
+        z = (tf.matmul(h, tf.gather(self.kernels[-1], cand), transpose_b=True)
+             + tf.gather(self.biases[-1], cand) - corr)
+        return self.xent(z, where, label_row, n)
 
     @staticmethod
     def xent(z, labels, label_row, n, smoothing=0.0):
@@ -142,13 +186,14 @@ class Optimizer(tf.Module):
     rowwise_adagrad as the project defines it: one accumulator a row of the input layer
     (acc[r] += mean_j g[r, j]^2; w[r] -= lr g[r] / (sqrt(acc[r]) + eps)), Adagrad elsewhere."""
 
-    def __init__(self, ocfg, variables):
+    def __init__(self, ocfg, variables, rows=(0,)):
         super().__init__(name="plain_opt")
         # A variable, so optim.lr auto can set the chosen rate without retracing.
         self.cfg = ocfg
         self.lr = tf.Variable(0.0 if ocfg.lr == "auto" else ocfg.lr, trainable=False)
-        shapes = [[v.shape[0], 1] if i == 0 and ocfg.name == "rowwise_adagrad" else v.shape
-                  for i, v in enumerate(variables)]
+        # rowwise_adagrad's one value a row: the input layer, and the sampled output layer.
+        self.rows = rows if ocfg.name == "rowwise_adagrad" else ()
+        shapes = [[v.shape[0], 1] if i in self.rows else v.shape for i, v in enumerate(variables)]
         start = ocfg.initial_accumulator if ocfg.name in ("adagrad", "rowwise_adagrad") else 0.0
         self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.fill(s, start)) for s in shapes]
 
@@ -171,7 +216,7 @@ class Optimizer(tf.Module):
                 kw = dict(var=v.handle, accum=s.handle, lr=self.lr, grad=g, momentum=c.momentum)
                 (tf.raw_ops.ResourceApplyMomentum(**kw) if idx is None
                  else tf.raw_ops.ResourceSparseApplyMomentum(indices=idx, **kw))
-            elif c.name == "rowwise_adagrad" and i == 0:
+            elif i in self.rows:
                 acc = (s if idx is None else tf.gather(s, idx)) + tf.reduce_mean(g * g, 1, keepdims=True)
                 upd = g * (self.lr / (tf.sqrt(acc) + c.eps))
                 if idx is None:
@@ -189,9 +234,10 @@ class Optimizer(tf.Module):
 class PlainHorovod:
     """Model, optimizer and the Horovod step, built the same on every rank."""
 
-    def __init__(self, cfg, n_features: int, n_labels: int):
-        self.net = Net(n_features, n_labels, cfg.model)
-        self.opt = Optimizer(cfg.optim, self.net.ordered)
+    def __init__(self, cfg, n_features: int, n_labels: int, label_freq=None):
+        self.net = Net(n_features, n_labels, cfg.model, label_freq)
+        out = len(self.net.ordered) - 2  # the output layer's kernel
+        self.opt = Optimizer(cfg.optim, self.net.ordered, (0, out) if self.net.sampled else (0,))
         variables = self.net.ordered
 
         @tf.function(input_signature=SIGNATURE, autograph=False)
@@ -237,7 +283,7 @@ def evaluate(plain: PlainHorovod, test, cfg, inv_prop, rows=None, extra: float =
     n = min(rows or test.n_rows, test.n_rows)
     mine = np.arange(hvd.rank(), n, hvd.size())
     # Rows a chunk so that its logits stay within train.eval_memory_mb.
-    chunk = int(max(1, min(2048, cfg.train.eval_memory_mb * 2**20 // (4 * plain.net.kernels[-1].shape[1]))))
+    chunk = int(max(1, min(2048, cfg.train.eval_memory_mb * 2**20 // (4 * plain.net.n_labels))))
     names = sum_names(True)
     acc = np.zeros(len(names) + 1)
     acc[-1] = extra
@@ -305,14 +351,11 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     train_ds, test_ds = load_data(cfg, root,
                                   lambda: hvd.allreduce(tf.zeros([1]), name="data_barrier").numpy())
     train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
-    if output_for(cfg.model, train_ds.n_labels).output != "full":
-        raise ConfigError(f"model.output auto: the project takes the sampled loss for "
-                          f"{train_ds.n_labels} labels, and the plain Horovod script trains the full "
-                          "softmax only; set model.output: full for every contender")
+    cfg = dataclasses.replace(cfg, model=output_for(cfg.model, train_ds.n_labels))  # as the project
     freq = train_ds.label_frequencies()
     base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
     inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)
-    plain = PlainHorovod(cfg, train_ds.n_features, train_ds.n_labels)
+    plain = PlainHorovod(cfg, train_ds.n_features, train_ds.n_labels, freq)
     hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=0)
     with plain.unchanged():  # traced and run once before the clock, as the project's steps
         plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
@@ -331,7 +374,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     def record(**rec):
         if log:
             log.write(json.dumps(rec) + "\n")
-    record(event="start", algorithm="horovod", ranks=ranks, standalone_rates=rates,
+    record(event="start", algorithm="horovod", ranks=ranks, standalone_rates=rates, output=cfg.model.output,
            baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
            global_batch=ranks * cfg.train.batch_size, threads=threads,
            horovod_cycle_ms=float(os.environ["HOROVOD_CYCLE_TIME"]),

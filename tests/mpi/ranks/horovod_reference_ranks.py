@@ -33,8 +33,44 @@ _pulled = [m for m in TRAINING_PATH if f"hvd_adaptive.{m}" in sys.modules]
 assert not _pulled, f"importing hvd_adaptive.bench.plain_horovod imported hvd_adaptive.{_pulled}"
 
 from tests.harness.cases import each_case  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 STEPS = 8
+
+
+def check_sampled(case: str, cfg, c, train, algo, plain) -> None:
+    """The sampled loss, whose negatives each side draws for itself: on the candidates the
+    project draws, the plain script's loss and every gradient equal the project's; the plain
+    script's own candidates are the batch's labels first, then drawn labels that are not among
+    them, corrected by the log of their expected counts (none for the batch's); and its
+    Horovod step trains on them."""
+    model = algo.model
+    rows = np.arange(c.rank * 8, c.rank * 8 + 8)  # few: the step must leave some output rows alone
+    ids, vals, seg, labels, label_row, n = plain_horovod.batch(train, rows)
+    pb = algo.batch(rows)  # the project's tensors of the same rows
+    cand, corr, pos = model.candidates(pb[3])
+    with tf.GradientTape(persistent=True) as tape:
+        ours = model.candidate_loss(pb[0], pb[1], pb[2], cand, corr, pos, pb[4], pb[5], pb[6])
+        theirs = plain.net.candidate_xent(ids, vals, seg, cand, corr, pos, label_row, n)
+    np.testing.assert_allclose(float(theirs), float(ours), rtol=1e-5)
+    for i, (a, b) in enumerate(zip(algo.variables, plain.net.ordered)):
+        ga, gb = (tf.convert_to_tensor(g) for g in (tape.gradient(ours, a), tape.gradient(theirs, b)))
+        np.testing.assert_allclose(gb.numpy(), ga.numpy(), rtol=1e-4, atol=1e-7,
+                                   err_msg=f"variable {i}: the sampled loss's gradient differs")
+    own = np.unique(labels)
+    mine, mcorr, where = (t.numpy() for t in plain.net.candidates(labels))
+    assert sorted(mine[:len(own)]) == sorted(own) and (mine[where] == labels).all()
+    assert len(set(mine)) == len(mine) and len(mine) <= len(own) + cfg.model.negatives
+    assert (mcorr[:len(own)] == 0).all() and np.isfinite(mcorr).all() and (mcorr[len(own):] < 0).all()
+    # row-wise Adagrad keeps one value a row of the sampled output layer, as the project does
+    assert [s.shape.as_list() for s in plain.opt.slots] == [s[0].shape.as_list() for s in algo.opt.slots]
+    before = plain.net.kernels[-1].numpy()
+    loss = float(plain.step(ids, vals, seg, labels, label_row, n))
+    moved = np.abs(plain.net.kernels[-1].numpy() - before).max(axis=1) > 0
+    assert np.isfinite(loss) and 0 < moved.sum() < train.n_labels, (loss, moved.sum())
+    if c.is_root:
+        print(f"horovod reference ok ({case}): loss {float(ours):.4f} on {len(cand)} candidates, "
+              f"the plain step moved {moved.sum()} of {train.n_labels} output rows", flush=True)
 
 
 def check(case: str, c) -> None:
@@ -51,7 +87,9 @@ def check(case: str, c) -> None:
         *(["model.hidden=[48, 32]"] if shape == "deep" else []),
         *(["optim.initial_accumulator=0.1"] if shape == "acc" else []),
         *(["model.label_smoothing=0.1"] if shape == "smooth" else []),
-        *(["sync.step=timed"] if shape == "timed" else [])])
+        *(["sync.step=timed"] if shape == "timed" else []),
+        *(["model.output=sampled", "model.negatives=20", "model.sampler=frequency"]
+          if shape == "sampled" else [])])
     from hvd_adaptive.train.algorithms.base import RoundStats
     from hvd_adaptive.data import epoch_permutation, load_data
     from tests.harness.real_algorithm import build
@@ -59,7 +97,7 @@ def check(case: str, c) -> None:
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     algo = build(cfg, c, train)  # Sync, set up (rank 0's weights broadcast) and traced
     assert algo.fused == (shape != "timed"), (case, algo.fused)
-    plain = plain_horovod.PlainHorovod(cfg, train.n_features, train.n_labels)
+    plain = plain_horovod.PlainHorovod(cfg, train.n_features, train.n_labels, train.label_frequencies())
     project = algo.variables
     assert len(project) == len(plain.net.ordered), (len(project), len(plain.net.ordered))
     for i, (a, b) in enumerate(zip(project, plain.net.ordered)):
@@ -67,6 +105,8 @@ def check(case: str, c) -> None:
                                       err_msg=f"variable {i}: initialisation differs from the project's")
         b.assign(a)  # load: the same start whatever the initialisation
     start = [v.numpy() for v in project]
+    if shape == "sampled":
+        return check_sampled(case, cfg, c, train, algo, plain)
     with plain.unchanged():  # trace the plain step (collective: every rank) without effects
         plain.step(*plain_horovod.batch(train, np.arange(8)))
 
