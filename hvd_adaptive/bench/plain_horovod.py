@@ -156,7 +156,9 @@ class Net(tf.Module):
             drawn, _, expected = tf.random.fixed_unigram_candidate_sampler(
                 some, 1, self.negatives, unique=True, range_max=self.n_labels, distortion=0.75,
                 unigrams=self.unigrams)
-        new = tf.logical_not(tf.reduce_any(drawn[:, None] == own[None, :], axis=1))
+        # drawn labels not among the batch's: one lookup each in a mask over the labels
+        mine = tf.scatter_nd(own[:, None], tf.ones(tf.shape(own), tf.int32), [self.n_labels])
+        new = tf.equal(tf.gather(mine, drawn), 0)
         return (tf.concat([own, tf.boolean_mask(drawn, new)], 0),
                 tf.concat([tf.zeros(tf.shape(own)), tf.boolean_mask(tf.math.log(expected), new)], 0),
                 where)

@@ -27,8 +27,6 @@ def test_train_on_files_written_by_data_synth(tmp_path):
     assert "eval  epoch" in p.stdout and "done: P@1" in p.stdout
 
 
-
-
 def test_output_auto_trains_and_records_the_sampled_loss_at_many_labels(tmp_path):
     """model.output auto (the default) at SAMPLED_FROM_LABELS labels: the run trains the sampled
     loss with negatives by frequency and its config.json says so (predict, evaluate and export
