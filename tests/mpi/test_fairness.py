@@ -119,9 +119,10 @@ def test_cpu_quota_mode_slows_the_whole_rank_for_real(tmp_path):
               "train.calibrate_s=2", "train.batch_size=32", "model.hidden=[512]")
     fast, slow = s["per_rank"][0]["standalone_rate"], s["per_rank"][1]["standalone_rate"]
     # 2x, blurred by the two cores' contention and the quota's periods within a 2 s
-    # measurement: 1.50-2.36 in 10 runs here under the quota and once 4.64 (in a full-suite
-    # run), 0.70-1.08 in 4 without it. The upper bound catches a quota far harsher than asked.
-    assert 1.3 < fast / slow < 6.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
+    # measurement: 1.50-2.36 in 10 runs here under the quota, once 4.64 and once 1.19 (in
+    # full-suite runs of fresh clones), 0.70-1.08 in 4 without it: 1.15 lies between. The upper
+    # bound catches a quota far harsher than asked.
+    assert 1.15 < fast / slow < 6.0, f"standalone rows/s {fast} and {slow} under a 2x quota"
     rows = per_rank(records(run, "round")[1:], "samples")
     # The fast rank's rows over the slow one's: 1.34-1.85 in 8 runs here under the quota,
     # 0.96-1.14 in 3 runs of the same workload without it; 1.25 lies between.
