@@ -73,7 +73,7 @@ PY
       for out in full sampled; do
         mpirun -np 2 --bind-to none "$VENV/bin/hvd-adaptive" train --config configs/bench.yaml \
           --run-dir "$OUT/67k-$out-r$r" --set "model.output=$out" --set model.negatives=4096 \
-          --set train.eval_every=0.25
+          --set train.eval_every=0.25 --set train.epochs=1.5
       done
     done
     "$VENV/bin/python" - "$OUT" <<'PY' | tee "$OUT/sampled.txt"
