@@ -1,6 +1,7 @@
 """What `optim.lr: auto`'s judge sees: per candidate rate, the probe's training (its steps of
 PROBE_BATCH rows from one start) on one rank, judged on held-out training rows at several
-horizons by loss, P@1 and P@5, and the rate `tune.best` picks at each horizon.
+horizons by loss, P@1 and P@5, and the rate `tune.best` picks at each horizon (and would pick
+with P@1 or P@1+P@5 in place of P@5).
 
 The evidence behind the probe's size and rule (docs/benchmark.md, "Settings chosen by the
 tool"); compare the picks with a grid of fixed rates run by hvd_adaptive.bench.speed.
@@ -23,6 +24,11 @@ from hvd_adaptive.data import load_data, split_validation
 from hvd_adaptive.parallel import distributed
 from hvd_adaptive.train import tune
 from hvd_adaptive.train.build import build_algorithm
+
+
+# The rule's score (P@5, the first) and others it was compared with, within the same loss slack:
+# (P@1, P@5) -> score.
+JUDGES = {"P@5": lambda p1, p5: p5, "P@1": lambda p1, p5: p1, "P@1+P@5": lambda p1, p5: p1 + p5}
 
 
 def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed: int) -> dict:
@@ -54,8 +60,11 @@ def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed
                 f"{h}: {l:.4f}/{p1:.4f}/{p5:.4f}" for h, (l, p1, p5) in res.items())
                 + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     for h in horizons:
-        i = tune.best([out[r][h][0] for r in rates], [out[r][h][2] for r in rates])
-        print(f"seed {seed} rows {h}: the rule picks {rates[i]:g}", flush=True)
+        losses = [out[r][h][0] for r in rates]
+        picks = {name: rates[tune.best(losses, [score(*out[r][h][1:]) for r in rates])]
+                 for name, score in JUDGES.items()}
+        print(f"seed {seed} rows {h}: the rule picks {picks.pop('P@5'):g} ("
+              + ", ".join(f"by {name}: {r:g}" for name, r in picks.items()) + ")", flush=True)
     return out
 
 

@@ -2,7 +2,8 @@
 
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
 rows it did not train: the highest precision at 5 wins among the candidates whose cross-entropy
-is within LOSS_SLACK of the lowest (`pick`). The candidates are powers of 2 around a centre
+is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours judges alike the
+rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2 around a centre
 taken from the data (`centre`), and the search goes on past the lowest or highest rate while
 the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
 (`split`), and every rank takes the same choice from one allgather of the judgements a round.
@@ -45,6 +46,12 @@ TOP_K = 5               # the judge's precision at k
 # while its loss is further above the lowest than the best rate's (docs/benchmark.md).
 LOSS_SLACK = 0.025
 PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
+# A neighbour of the pick (a doubling away) judges alike when its loss is within LOSS_SLACK of the
+# lowest and its P@5 within this fraction below the pick's. The probe cannot tell the two apart
+# then, and seeds split between them, while one of them can need far more rows to a target (the
+# sampled loss at 67,009 labels: 0.05 and 0.1, 1.7x; docs/benchmark.md): their geometric mean is
+# within half a doubling of the better one.
+TIE_BAND = 0.03
 
 
 @dataclass
@@ -70,8 +77,9 @@ class LrChoice:
     def line(self) -> str:
         tried = ", ".join(f"{c:g}: {l:.4f}/{p:.4f}" for c, l, p in
                           zip(self.candidates, self.losses, self.p_at_5))
-        return (f"optim.lr auto: {self.lr:g} (held-out loss/P@5 of {self.held_out_rows} rows "
-                f"after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
+        alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
+        return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of "
+                f"{self.held_out_rows} rows after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
                 f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
@@ -184,9 +192,28 @@ def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
     return max(near, key=lambda i: (p_at_5[i], -losses[i]))
 
 
+def settle(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
+           i: int) -> float:
+    """The rate for `best`'s index `i` of `candidates` (ascending, a doubling apart): the
+    geometric mean of it and its neighbour when exactly one neighbour judges alike (TIE_BAND),
+    else candidates[i]."""
+    low = min(l for l in losses if math.isfinite(l))
+
+    def alike(j: int) -> bool:
+        return (0 <= j < len(candidates) and math.isfinite(losses[j])
+                and losses[j] <= low + LOSS_SLACK * abs(low)
+                and p_at_5[j] >= p_at_5[i] * (1 - TIE_BAND))
+
+    below, above = alike(i - 1), alike(i + 1)
+    if below == above:
+        return candidates[i]
+    j = i - 1 if below else i + 1
+    return float(f"{math.sqrt(candidates[i] * candidates[j]):.4g}")
+
+
 def pick(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
          start_loss: float, optimizer: str) -> float:
-    """The candidate `best` takes.
+    """The rate `settle` takes for the candidate `best` takes.
 
     Raises:
         ConfigError: no candidate lowered the held-out loss below the start's (rows without
@@ -199,7 +226,7 @@ def pick(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[
             f"optim.lr=auto: no candidate rate of {optimizer} learned in the probe (held-out loss "
             f"from {start_loss:.4g} to {tried}); check that the training rows have labels that "
             "depend on their features, or pin optim.lr")
-    return candidates[best(losses, p_at_5)]
+    return settle(candidates, losses, p_at_5, best(losses, p_at_5))
 
 
 def choose(start: float, try_rate: Callable[[float], tuple[float, float]],

@@ -16,10 +16,27 @@ def test_the_best_precision_wins_among_losses_near_the_lowest_and_no_learning_is
     # ... but not a candidate whose loss is further above, however well it ranks ...
     assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.06, 2.5], [0.30, 0.33, 0.40], 3.0, "adagrad") == 0.1
     # ... a tie in P@5 goes to the lower loss, and a diverged candidate is never picked.
-    assert tune.pick([0.1, 0.2, 0.4], [2.01, 2.0, nan], [0.3, 0.3, 0.9], 3.0, "adagrad") == 0.2
+    assert tune.best([2.01, 2.0, nan], [0.3, 0.3, 0.9]) == 1
+    assert tune.pick([0.1, 0.2, 0.4], [2.0, 2.03, nan], [0.30, 0.33, 0.9], 3.0, "adagrad") == 0.2
     with pytest.raises(ConfigError, match=r"optim.lr=auto: no candidate rate of adagrad learned .* "
                                           r"from 3 to 0.1: 3, 0.2: nan.*pin optim.lr"):
         tune.pick([0.1, 0.2], [3.0, nan], [0.5, 0.5], 3.0, "adagrad")
+
+
+def test_a_neighbour_judged_alike_takes_the_rate_between_them():
+    """Where the pick and one neighbour have losses within the slack and P@5 within TIE_BAND (3%)
+    of each other, the rate is their geometric mean; with neither or both neighbours alike, the
+    pick. The 67,009-label probe that split seeds between 0.0506 and 0.1012 takes 0.07155."""
+    rates = [0.0253, 0.05059, 0.1012, 0.2024]
+    losses, p5 = [7.9114, 7.4748, 7.5169, 8.4208], [0.2211, 0.2441, 0.2439, 0.2088]
+    assert tune.pick(rates, losses, p5, 11.1, "adagrad") == pytest.approx(0.07155, rel=1e-3)
+    p5_apart = [0.2211, 0.2441, 0.2441 * 0.96, 0.2088]  # 0.1012 now 4% below the pick
+    assert tune.pick(rates, losses, p5_apart, 11.1, "adagrad") == 0.05059
+    loss_apart = [7.9114, 7.4748, 7.4748 * 1.03, 8.4208]  # 0.1012's loss 3% above the lowest
+    assert tune.pick(rates, loss_apart, p5, 11.1, "adagrad") == 0.05059
+    # both neighbours alike: the middle of a flat stretch is the pick itself
+    assert tune.pick([0.05, 0.1, 0.2], [2.0, 2.0, 2.0], [0.295, 0.30, 0.295], 3.0, "adagrad") == 0.1
+    assert tune.pick([0.05, 0.1], [2.0, 2.0], [0.30, 0.30], 3.0, "adagrad") == pytest.approx(0.07071, rel=1e-3)
 
 
 def test_the_search_goes_past_the_edges_and_stops_at_the_best():
