@@ -1,7 +1,7 @@
 """What `optim.lr: auto`'s judge sees: per candidate rate, the probe's training (its steps of
 PROBE_BATCH rows from one start) on one rank, judged on held-out training rows at several
-horizons by loss, P@1 and P@5, and the rate `tune.best` picks at each horizon (and would pick
-with P@1 or P@1+P@5 in place of P@5).
+horizons by loss, P@1 and P@5, and at each horizon the candidate `tune.best` picks and the rate
+`tune.settle` makes of it (and what both would give with P@1 or P@1+P@5 in place of P@5).
 
 The evidence behind the probe's size and rule (docs/benchmark.md, "Settings chosen by the
 tool"); compare the picks with a grid of fixed rates run by hvd_adaptive.bench.speed.
@@ -61,10 +61,15 @@ def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed
                 + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
     for h in horizons:
         losses = [out[r][h][0] for r in rates]
-        picks = {name: rates[tune.best(losses, [score(*out[r][h][1:]) for r in rates])]
-                 for name, score in JUDGES.items()}
-        print(f"seed {seed} rows {h}: the rule picks {picks.pop('P@5'):g} ("
-              + ", ".join(f"by {name}: {r:g}" for name, r in picks.items()) + ")", flush=True)
+        picks = {}
+        for name, score in JUDGES.items():
+            scores = [score(*out[r][h][1:]) for r in rates]
+            i = tune.best(losses, scores)
+            picks[name] = (rates[i], tune.settle(rates, losses, scores, i))
+        best, rule = picks.pop("P@5")
+        print(f"seed {seed} rows {h}: the rule picks {rule:g} (the best candidate {best:g}; "
+              + ", ".join(f"by {name}: {b:g}, then {r:g}" for name, (b, r) in picks.items())
+              + ")", flush=True)
     return out
 
 

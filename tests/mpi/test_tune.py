@@ -159,8 +159,8 @@ def test_a_resumed_run_keeps_its_choice_without_a_new_probe(tmp_path):
 
 def test_the_probe_study_prints_each_rates_judgement_and_the_rules_pick():
     """bench.probe_study (the evidence behind the probe's size and rule): per rate and horizon
-    the held-out loss, P@1 and P@5, and at each horizon the rate `tune.best` picks from them,
-    with P@5 (the rule) and with P@1 or P@1+P@5 in its place."""
+    the held-out loss, P@1 and P@5, and at each horizon the candidate `tune.best` picks from them
+    and the rate `tune.settle` makes of it, with P@5 (the rule) and with P@1 or P@1+P@5."""
     p = mpirun(1, ["-m", "hvd_adaptive.bench.probe_study", "--config", "configs/tiny.yaml",
                    "--set", "optim.name=rowwise_adagrad", "--rates", "0.03", "0.3", "3",
                    "--horizons", "128", "256", "--held", "256"], timeout=180)
@@ -170,11 +170,15 @@ def test_the_probe_study_prints_each_rates_judgement_and_the_rules_pick():
         p.stdout)}
     assert sorted(judged) == [0.03, 0.3, 3.0], p.stdout
     assert all(0 <= p1 <= 1 and 0 <= p5 <= 1 for _, p1, p5 in judged.values()), judged
-    picked = re.search(r"seed 1 rows 256: the rule picks ([0-9.]+) \(by P@1: ([0-9.]+), "
-                       r"by P@1\+P@5: ([0-9.]+)\)", p.stdout)
+    picked = re.search(r"seed 1 rows 256: the rule picks ([0-9.]+) \(the best candidate ([0-9.]+); "
+                       r"by P@1: ([0-9.]+), then ([0-9.]+), by P@1\+P@5: ([0-9.]+), then ([0-9.]+)\)",
+                       p.stdout)
     assert picked, p.stdout
+    rule, best, *others = (float(x) for x in picked.groups())
     rates = sorted(judged)
     losses = [judged[r][0] for r in rates]
-    for i, score in enumerate((lambda p1, p5: p5, lambda p1, p5: p1, lambda p1, p5: p1 + p5)):
-        best = tune.best(losses, [score(*judged[r][1:]) for r in rates])
-        assert float(picked.group(i + 1)) == rates[best], (p.stdout, i, best)
+    for (b, r), score in zip([(best, rule), others[:2], others[2:]],
+                             (lambda p1, p5: p5, lambda p1, p5: p1, lambda p1, p5: p1 + p5)):
+        scores = [score(*judged[x][1:]) for x in rates]
+        i = tune.best(losses, scores)
+        assert (b, r) == (rates[i], tune.settle(rates, losses, scores, i)), (p.stdout, b, r)
