@@ -162,13 +162,13 @@ def test_the_probe_study_prints_each_rates_judgement_and_the_rules_pick():
     the held-out loss, P@1 and P@5, and at each horizon the candidate `tune.best` picks from them
     and the rate `tune.settle` makes of it, with P@5 (the rule) and with P@1 or P@1+P@5."""
     p = mpirun(1, ["-m", "hvd_adaptive.bench.probe_study", "--config", "configs/tiny.yaml",
-                   "--set", "optim.name=rowwise_adagrad", "--rates", "0.03", "0.3", "3",
+                   "--set", "optim.name=rowwise_adagrad", "--rates", "0.1", "0.12", "0.14",
                    "--horizons", "128", "256", "--held", "256"], timeout=180)
     assert p.returncode == 0, explain(p)
     judged = {float(m[0]): [float(x) for x in m[1:]] for m in re.findall(
         r"seed 1 lr ([0-9.]+)  128: [0-9.]+/[0-9.]+/[0-9.]+  256: ([0-9.]+)/([0-9.]+)/([0-9.]+)",
         p.stdout)}
-    assert sorted(judged) == [0.03, 0.3, 3.0], p.stdout
+    assert sorted(judged) == [0.1, 0.12, 0.14], p.stdout  # close: the judges can differ
     assert all(0 <= p1 <= 1 and 0 <= p5 <= 1 for _, p1, p5 in judged.values()), judged
     picked = re.search(r"seed 1 rows 256: the rule picks ([0-9.]+) \(the best candidate ([0-9.]+); "
                        r"by P@1: ([0-9.]+), then ([0-9.]+), by P@1\+P@5: ([0-9.]+), then ([0-9.]+)\)",
