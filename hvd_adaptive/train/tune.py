@@ -3,9 +3,9 @@
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
 rows it did not train: the highest precision at 5 wins among the candidates whose cross-entropy
 is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours judges alike the
-rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2 around a centre
-taken from the data (`centre`), and the search goes on past the lowest or highest rate while
-the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
+rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2
+around a centre taken from the data (`centre`), and the search goes on past the lowest or
+highest rate while the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
 (`split`), and every rank takes the same choice from one allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
@@ -78,8 +78,8 @@ class LrChoice:
         tried = ", ".join(f"{c:g}: {l:.4f}/{p:.4f}" for c, l, p in
                           zip(self.candidates, self.losses, self.p_at_5))
         alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
-        return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of "
-                f"{self.held_out_rows} rows after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
+        return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of {self.held_out_rows} "
+                f"rows after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
                 f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
@@ -181,15 +181,19 @@ def split(n: int, speeds: Optional[Sequence[float]], size: int) -> list[int]:
     return owner
 
 
-def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
-    """The index `pick` takes: among the finite losses within LOSS_SLACK of the lowest, the
-    highest precision at 5, then the lower loss; None when no loss is finite."""
+def near_lowest(losses: Sequence[float]) -> list[int]:
+    """The indices of the finite losses within LOSS_SLACK of the lowest (none when no loss is
+    finite)."""
     finite = [i for i, l in enumerate(losses) if math.isfinite(l)]
-    if not finite:
-        return None
-    low = min(losses[i] for i in finite)
-    near = [i for i in finite if losses[i] <= low + LOSS_SLACK * abs(low)]
-    return max(near, key=lambda i: (p_at_5[i], -losses[i]))
+    low = min((losses[i] for i in finite), default=0.0)
+    return [i for i in finite if losses[i] <= low + LOSS_SLACK * abs(low)]
+
+
+def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
+    """The index `pick` takes: among `near_lowest`, the highest precision at 5, then the lower
+    loss; None when no loss is finite."""
+    near = near_lowest(losses)
+    return max(near, key=lambda i: (p_at_5[i], -losses[i])) if near else None
 
 
 def settle(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
@@ -197,12 +201,10 @@ def settle(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequenc
     """The rate for `best`'s index `i` of `candidates` (ascending, a doubling apart): the
     geometric mean of it and its neighbour when exactly one neighbour judges alike (TIE_BAND),
     else candidates[i]."""
-    low = min(l for l in losses if math.isfinite(l))
+    near = near_lowest(losses)
 
     def alike(j: int) -> bool:
-        return (0 <= j < len(candidates) and math.isfinite(losses[j])
-                and losses[j] <= low + LOSS_SLACK * abs(low)
-                and p_at_5[j] >= p_at_5[i] * (1 - TIE_BAND))
+        return j in near and p_at_5[j] >= p_at_5[i] * (1 - TIE_BAND)
 
     below, above = alike(i - 1), alike(i + 1)
     if below == above:
