@@ -1,5 +1,6 @@
 """optim.lr auto (hvd_adaptive/train/tune.py) without ranks: the rate a probe chooses, past the
 edges of its search, moving with the rows' norm, judged on held-out rows; a number pins it."""
+import dataclasses
 import math
 
 import numpy as np
@@ -37,6 +38,11 @@ def test_a_neighbour_judged_alike_takes_the_rate_between_them():
     # both neighbours alike: the middle of a flat stretch is the pick itself
     assert tune.pick([0.05, 0.1, 0.2], [2.0, 2.0, 2.0], [0.295, 0.30, 0.295], 3.0, "adagrad") == 0.1
     assert tune.pick([0.05, 0.1], [2.0, 2.0], [0.30, 0.30], 3.0, "adagrad") == pytest.approx(0.07071, rel=1e-3)
+    # the printed choice says when its rate lies between two candidates
+    c = tune.LrChoice(lr=0.07155, candidates=rates, losses=losses, p_at_5=p5, start_loss=11.1,
+                      ranks=[0, 1, 0, 1], steps=32, rows=2048, held_out_rows=1024, seconds=1.7)
+    assert c.line().startswith("optim.lr auto: 0.07155, between the two best, judged alike (")
+    assert dataclasses.replace(c, lr=0.05059).line().startswith("optim.lr auto: 0.05059 (")
 
 
 def test_the_search_goes_past_the_edges_and_stops_at_the_best():
