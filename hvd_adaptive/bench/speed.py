@@ -193,6 +193,15 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
             med["t_range"] = time_span([x["t"] for x in ms])
             cells.append([name, *("-" if med.get(k) is None else fmt.format(med[k]) for _, k, fmt in COLUMNS)])
         lines.append(align(cells, text_columns=1))
+        # Each seed's time and the rate it trained at: a ratio's range may be a rate's draw.
+        seeds = []
+        for name, ms in m.items():
+            lrs = [(r.get("start") or {}).get("lr") for r in algos[name]]
+            times = [("-" if x["t"] is None else f"{x['t']:.1f}")
+                     + ("" if lr is None else f" ({lr:.4g})") for x, lr in zip(ms, lrs)]
+            seeds.append([name, *times, *[""] * (reps - len(times))])
+        lines.append("  per seed, in the order of the seeds: seconds to the target (learning rate)\n"
+                     + align(seeds, text_columns=1))
     return "\n".join(lines)
 
 

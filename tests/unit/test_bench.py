@@ -17,7 +17,8 @@ def run(p1s, compute_s, rates=(60.0, 40.0), probe=None):
     per_rank = [{"compute_s": compute_s, "comm_s": 1.0, "sync_s": 0.0, "wait_s": 0.0, "batch_s": 0.0,
                  "standalone_rate": r} for r in rates]
     return {"summary": {"per_rank": per_rank, "efficiency": 0.5, "final": {"p_at_1": p1s[-1]}},
-            "evals": evals, "start": {"lr_choice": None if probe is None else {"seconds": probe}}}
+            "evals": evals, "start": {"lr_choice": None if probe is None else {"seconds": probe},
+                                      "lr": 0.1}}
 
 
 def test_table_medians_ratio_limit_and_missing_values():
@@ -51,6 +52,11 @@ def test_table_medians_ratio_limit_and_missing_values():
     # local against sync seed by seed: 1.83 / 1.0, 2.75 / 1.83, 1.0 / 3.75 -> median 1.50; the
     # lower quartile halfway between the lowest two, 0.27 and 1.50
     assert lines[8].split()[7:10] == ["1.50", "0.27-1.83", "0.88"]
+    # then each seed's time and the rate it trained at, in the order of the seeds
+    assert lines[9] == "  per seed, in the order of the seeds: seconds to the target (learning rate)"
+    assert lines[10].split() == ["sync", "1.8", "(0.1)", "2.8", "(0.1)", "1.0", "(0.1)"]
+    assert lines[11].split() == ["adaptive", "-", "(0.1)"]
+    assert lines[12].split()[:3] == ["local", "1.0", "(0.1)"]
 
 
 def test_limit_of_a_time_varying_scenario_sums_its_phases():
