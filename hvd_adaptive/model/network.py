@@ -218,11 +218,13 @@ class SparseMLP(tf.Module):
                                    label_w, size, training)
 
     def loss_and_top(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
-                     k: int = 5):
+                     k: int = 5, top_labels=None):
         """From one pass over every label: the full softmax's cross-entropy (whatever
-        `output`; the loss a sampled model approximates) and each row's k best labels."""
+        `output`; the loss a sampled model approximates) and each row's k best labels, by
+        `top_labels(logits, k)` (default `tf.math.top_k`'s indices)."""
         z = self.logits(feat_ids, feat_vals, feat_seg, size)
-        top = tf.math.top_k(z, k=min(k, self.n_labels)).indices
+        k = min(k, self.n_labels)
+        top = top_labels(z, k) if top_labels else tf.math.top_k(z, k=k).indices
         return _softmax_xent(z, label_ids, label_seg, label_w, size), top
 
     def candidates(self, label_ids):

@@ -41,6 +41,7 @@ PROBE_STEPS = 32        # steps each candidate trains
 PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
 HELD_OUT_ROWS = 1024    # rows, not trained by the probe, that judge the candidates
 TOP_K = 5               # the judge's precision at k
+TOP_BLOCK = 256         # labels a block of `top_labels`
 # A candidate whose held-out loss is more than this fraction above the lowest is not picked,
 # however it ranks: a short probe sees a rate one doubling too large rank as well as the best,
 # while its loss is further above the lowest than the best rate's (docs/benchmark.md).
@@ -162,6 +163,38 @@ class HeldOut:
         """`judged` over every held-out row of a model every rank holds alike, each rank
         scoring its share of the chunks and one allgather adding the sums."""
         return self.judged(np.sum(allgather(self.sums(scores, rank, size)), axis=0))
+
+
+def top_labels(z, k: int = TOP_K, width: int = TOP_BLOCK):
+    """Each row's `k` labels of highest logit in `z` (a TensorFlow [rows, labels] tensor, its
+    label count static), best first: `tf.math.top_k(z, k).indices`, ties aside, in less time
+    on wide rows. The row's `k` best labels lie in the `k` blocks of `width` labels whose
+    maxima are highest, so one pass takes every block's maximum and `top_k` runs on the
+    blocks' maxima and then on those `k` blocks alone (a full `top_k` over 67,009 labels took
+    as long as the logits' matmul; docs/benchmark.md). Both judges of the probe use it."""
+    from hvd_adaptive.tfload import tf
+
+    n = int(z.shape[1])
+    if n <= 4 * k * width:
+        return tf.math.top_k(z, k=min(k, n)).indices
+    blocks = -(-n // width)
+    zb = tf.reshape(tf.pad(z, [[0, 0], [0, blocks * width - n]], constant_values=-np.inf),
+                    [-1, blocks, width])
+    _, best_blocks = tf.math.top_k(tf.reduce_max(zb, axis=2), k=k)
+    inside = tf.reshape(tf.gather(zb, best_blocks, batch_dims=1), [-1, k * width])
+    _, at = tf.math.top_k(inside, k=k)
+    return tf.gather(best_blocks, at // width, batch_dims=1) * width + at % width
+
+
+def warm_up(cfg, ds, make_batch: Callable[[np.ndarray], tuple], scores: Callable[..., tuple],
+            size: int) -> None:
+    """Runs the judge `scores` once on the first chunk of held-out rows `search` will score
+    (the same shape), so its first execution, which took 0.3-0.7 s more than the next at
+    67,009 labels, is start-up before the clock like the steps' (`Algorithm.trace`); the
+    plain Horovod script does the same."""
+    _, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
+    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
+    scores(*held.parts[0][0])
 
 
 def split(n: int, speeds: Optional[Sequence[float]], size: int) -> list[int]:

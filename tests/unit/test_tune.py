@@ -224,3 +224,40 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
     assert c.lr == pytest.approx(0.5, rel=1e-3)  # 32 steps of 0.5: w = 16
     assert float(w.x) == 0.0 and float(lr.x) == 0.0
     assert c.rows == tune.PROBE_STEPS * tune.PROBE_BATCH and c.held_out_rows == n // 4
+
+
+@pytest.mark.parametrize("n_labels", [7, 5121, 13402, 67009])
+def test_the_judges_top_labels_are_top_ks_on_wide_and_narrow_rows(n_labels):
+    """`top_labels` takes each row's best labels by blocks where rows are wide: the same labels
+    in the same order as tf.math.top_k, a last block narrower than the rest included, and with
+    the best labels packed in one block or spread over several."""
+    from hvd_adaptive.tfload import tf
+
+    rng = np.random.default_rng(n_labels)
+    z = rng.normal(size=(40, n_labels)).astype(np.float32)
+    z[0, -3:] += 10.0                        # row 0: the best three in the last (narrow) block
+    z[1, 3:8] += 10.0                        # row 1: all five in the first block
+    z[2, rng.choice(n_labels, 5, replace=False)] += 10.0  # row 2: wherever they fall
+    k = min(tune.TOP_K, n_labels)
+    want = tf.math.top_k(z, k=k).indices.numpy()
+    got = tf.function(lambda x: tune.top_labels(x, k), autograph=False,
+                      input_signature=[tf.TensorSpec([None, n_labels], tf.float32)])(z).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert set(got[0, :3]) == set(range(n_labels - 3, n_labels)) or n_labels < 8
+
+
+def test_the_judge_runs_once_before_the_clock_on_the_shape_it_will_score():
+    """`warm_up` runs the judge once, on the first chunk of the rows `search` scores (so its
+    first, slower execution is start-up), and no more."""
+    from hvd_adaptive.data import Dataset
+
+    n, labels = 4000, 50
+    ds = Dataset(np.arange(n + 1), np.zeros(n, np.int32), np.ones(n, np.float32),
+                 np.arange(n + 1), np.arange(n, dtype=np.int32) % labels, 1, labels)
+    cfg = load_config("configs/tiny.yaml", ["train.eval_memory_mb=0.1"])[0]
+    calls = []
+    tune.warm_up(cfg, ds, lambda r: (r,), lambda rows: calls.append(rows), size=2)
+    _, held = tune.probe_rows(n, cfg.train.batch_size)
+    first = tune.HeldOut(ds, held, 0.1, lambda r: (r,), 2).parts[0][0][0]
+    assert len(calls) == 1 and len(first) < len(held)
+    np.testing.assert_array_equal(calls[0], first)

@@ -26,7 +26,7 @@ from hvd_adaptive.parallel.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.hetero import Heterogeneity
 from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
-from hvd_adaptive.train.tune import TOP_K, unchanged
+from hvd_adaptive.train.tune import TOP_K, top_labels, unchanged, warm_up
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Algorithm:
 
         @tf.function(input_signature=BATCH_SIGNATURE, autograph=False)
         def held_out(*batch):  # optim.lr auto's judge (hvd_adaptive.train.tune.HeldOut)
-            return self.model.loss_and_top(*batch, k=TOP_K)
+            return self.model.loss_and_top(*batch, k=TOP_K, top_labels=top_labels)
 
         self.held_out = held_out
 
@@ -295,8 +295,8 @@ class Algorithm:
         """
         for fn in self.step_functions():
             fn.get_concrete_function()
-        if self.cfg.optim.lr == "auto":
-            self.held_out.get_concrete_function()
+        if self.cfg.optim.lr == "auto":  # the probe's judge, traced and run as it will run
+            warm_up(self.cfg, self.ctx.train, self.batch, self.held_out, self.cluster.size)
         with self.unchanged():
             self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
 
