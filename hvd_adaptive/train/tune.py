@@ -10,8 +10,9 @@ highest rate while the pick is there (`choose`). The ranks share each round's ca
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
 
-The rule, the candidates and the probe's size are the module's; how a candidate trains and how
-its held-out rows are scored are the caller's (`search`), so the project's algorithms
+The rule, the candidates, the probe's size, the judge's top labels (`top_labels`) and its first
+run before the clock (`warm_up`) are the module's; how a candidate trains and how its held-out
+rows are scored are the caller's (`search`), so the project's algorithms
 (`probe`) and the plain Horovod script of the benchmark (hvd_adaptive.bench.plain_horovod)
 choose the same way with their own steps.
 """
