@@ -89,12 +89,15 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         # quota, full cores) took CPU from the quarter-core ranks calibrating beside it, which
         # once read a sixteenth-core rank at 1/1.94 of a quarter-core one in the suite.
         cluster.comm.Barrier()
+        log.say(f"calibrating: each rank's standalone rows/s, at least {cfg.train.calibrate_s:g} s ...")
         t_cal = time.perf_counter()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size,
                                                          min_seconds=cfg.train.calibrate_s))
         t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
         # optim.lr auto: chosen inside the ranks' slowdowns, its seconds charged to the clock.
+        if cfg.optim.lr == "auto" and not resumed:
+            log.say(tune.announce(train_ds.n_rows, cfg.train.batch_size))
         choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x), rates)
         if choice is not None:
             algo.set_lr(choice.lr)

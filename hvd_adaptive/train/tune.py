@@ -113,6 +113,17 @@ def probe_rows(n_rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     return train, perm[:held]
 
 
+def announce(n_rows: int, batch_size: int) -> str:
+    """The line said before the probe starts: what it will train and judge."""
+    train, held = probe_rows(n_rows, batch_size)
+    steps = min(PROBE_STEPS, len(train))  # `search`'s batches: the non-empty splits
+    rows = f"{len(train) // steps}" if steps and len(train) % steps == 0 else \
+        f"about {len(train) / max(steps, 1):.0f}"
+    return (f"optim.lr auto: probing candidate rates, each {steps} steps of {rows} rows from the "
+            f"same start, judged on {len(held)} held-out training rows (its seconds count as "
+            "training time) ...")
+
+
 def centre(optimizer: str, ds, rows: np.ndarray) -> float:
     """The rate the search starts from: for adagrad and rowwise_adagrad ADAGRAD_STEP over the
     square root of the median L1 norm of `rows` of the dataset `ds` (its CSR feature arrays),

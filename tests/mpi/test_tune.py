@@ -114,6 +114,10 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
         line = re.search(r"optim.lr auto: ([0-9.]+)(?:, between the two best, judged alike)? "
                          r"\(held-out loss/P@5 of", p.stdout)
         assert line, p.stdout
+        # Progress before the silent parts: the calibration, then the probe, then its choice.
+        said = [p.stdout.find(s) for s in ("calibrating: each rank's standalone rows/s",
+                                           "optim.lr auto: probing candidate rates, each 32 steps")]
+        assert -1 < said[0] < said[1] < line.start(), p.stdout
         chosen[scale] = float(line.group(1))
         assert not records(tmp_path / f"tune{scale:g}", "round"), "tune trained"
         assert records(tmp_path / f"tune{scale:g}", "start")[0]["lr"] == chosen[scale]

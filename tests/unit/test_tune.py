@@ -224,6 +224,10 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
     assert c.lr == pytest.approx(0.5, rel=1e-3)  # 32 steps of 0.5: w = 16
     assert float(w.x) == 0.0 and float(lr.x) == 0.0
     assert c.rows == tune.PROBE_STEPS * tune.PROBE_BATCH and c.held_out_rows == n // 4
+    # The line said before the probe gives the sizes it used.
+    said = tune.announce(n, 256)
+    assert (f"each {tune.PROBE_STEPS} steps of {tune.PROBE_BATCH} rows" in said
+            and f"judged on {c.held_out_rows} held-out" in said), said
 
 
 @pytest.mark.parametrize("n_labels", [7, 5121, 13402, 67009])
