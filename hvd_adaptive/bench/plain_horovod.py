@@ -17,8 +17,9 @@ It shares no training code with the project (no trainer, algorithms, model, merg
 distributed). What it does take from hvd_adaptive keeps the comparison fair, not the training:
 the config file and `--set` overrides (the same data, rate, batch, seed and stopping rules as
 the project's runs), `optim.lr: auto`'s probe (`hvd_adaptive.train.tune`: its candidates, rows,
-rule and judge, run with this script's own step), the data as the project reads it (`hvd_adaptive.data`: the same bytes and
-the same epoch shuffles; a user would read the files with a loader of their own), the metric
+rule and judge, run with this script's own step), the data as the project reads it
+(`hvd_adaptive.data`: the same bytes and the same epoch shuffles; a user would read the files
+with a loader of their own), the metric
 code every contender is scored with (`hvd_adaptive.model.metrics`), and the project's CPU quota
 (`hvd_adaptive.train.hetero`, `hetero.mode: cpu_quota`): the one way a slower machine can be imposed
 on a script that knows nothing of heterogeneity, entered where the project enters it (after

@@ -89,7 +89,8 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         # quota, full cores) took CPU from the quarter-core ranks calibrating beside it, which
         # once read a sixteenth-core rank at 1/1.94 of a quarter-core one in the suite.
         cluster.comm.Barrier()
-        log.say(f"calibrating: each rank's standalone rows/s, at least {cfg.train.calibrate_s:g} s ...")
+        log.say("calibrating: each rank's standalone rows/s, at least "
+                f"{cfg.train.calibrate_s:g} s ...")
         t_cal = time.perf_counter()
         rates = allgather(cluster.comm, algo.calibrate(cfg.train.batch_size,
                                                          min_seconds=cfg.train.calibrate_s))
