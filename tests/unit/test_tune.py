@@ -265,3 +265,18 @@ def test_the_judge_runs_once_before_the_clock_on_the_shape_it_will_score():
     first = tune.HeldOut(ds, held, 0.1, lambda r: (r,), 2).parts[0][0][0]
     assert len(calls) == 1 and len(first) < len(held)
     np.testing.assert_array_equal(calls[0], first)
+
+
+def test_auto_refuses_adagrad_accumulators_that_start_above_zero():
+    """The probe assumes Adagrad's first steps of about lr: with optim.initial_accumulator 0.1 it
+    chose rates up to 2.44 that trained to P@1 0.16-0.56 (docs/accuracy.md). That pair is a
+    clear error naming both keys; a pinned rate, or an optimizer without accumulators, is not."""
+    for name in ("adagrad", "rowwise_adagrad"):
+        with pytest.raises(ConfigError, match=r"optim.lr: auto needs optim.initial_accumulator 0 "
+                                              rf"with {name}, got 0.1: .*pin optim.lr"):
+            load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
+                                              "optim.initial_accumulator=0.1"])
+    assert load_config("configs/tiny.yaml", ["optim.name=adagrad", "optim.lr=0.1",
+                                             "optim.initial_accumulator=0.1"])[0].optim.lr == 0.1
+    assert load_config("configs/tiny.yaml", ["optim.name=sgd", "optim.lr=auto",
+                                             "optim.initial_accumulator=0.1"])[0].optim.lr == "auto"
