@@ -197,7 +197,8 @@ class OptimConfig:
     initial_accumulator: float = 0.0
     """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
     Adagrad: 0.1). Above zero, a weight's first steps grow with its gradient,
-    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient."""
+    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient;
+    lr auto, whose probe assumes the latter, refuses it (docs/accuracy.md)."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
 
