@@ -213,10 +213,9 @@ class OptimConfig:
             # The probe's centre and its 32 steps assume Adagrad's first steps of about lr.
             raise ConfigError(
                 f"{path}.lr: auto needs {path}.initial_accumulator 0 with {self.name}, got "
-                f"{self.initial_accumulator:g}: the probe assumes first steps of about lr, and "
-                "with 0.1 it chose rates from 0.076 to 2.44 that trained EURLex-shaped rows to "
-                "P@1 0.16-0.56 where 0.90 is reached (docs/accuracy.md); pin optim.lr or leave "
-                "the accumulators at 0")
+                f"{self.initial_accumulator:g}: the rate probe assumes Adagrad's first steps of "
+                "about lr, which accumulators above 0 shorten (docs/accuracy.md); pin optim.lr "
+                "or leave the accumulators at 0")
         if self.weight_decay < 0:
             raise ConfigError(f"{path}.weight_decay: must be >= 0, got {self.weight_decay}")
         for k in ("momentum", "beta1", "beta2"):

@@ -113,15 +113,20 @@ def probe_rows(n_rows: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     return train, perm[:held]
 
 
+def probe_batches(train: np.ndarray) -> list[np.ndarray]:
+    """The probe's training rows `train` cut into its (at most PROBE_STEPS) steps' batches."""
+    return [b for b in np.array_split(train, PROBE_STEPS) if len(b)]
+
+
 def announce(n_rows: int, batch_size: int) -> str:
     """The line said before the probe starts: what it will train and judge."""
     train, held = probe_rows(n_rows, batch_size)
-    steps = min(PROBE_STEPS, len(train))  # `search`'s batches: the non-empty splits
-    rows = f"{len(train) // steps}" if steps and len(train) % steps == 0 else \
-        f"about {len(train) / max(steps, 1):.0f}"
-    return (f"optim.lr auto: probing candidate rates, each {steps} steps of {rows} rows from the "
-            f"same start, judged on {len(held)} held-out training rows (its seconds count as "
-            "training time) ...")
+    batches = probe_batches(train)
+    small, large = min(map(len, batches)), max(map(len, batches))
+    rows = f"{small}" if small == large else f"{small}-{large}"
+    return (f"optim.lr auto: probing candidate rates, each {len(batches)} steps of "
+            f"{rows} rows from the same start, judged on {len(held)} held-out training rows (its "
+            "seconds count as training time) ...")
 
 
 def centre(optimizer: str, ds, rows: np.ndarray) -> float:
@@ -354,7 +359,7 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     restore function that the context manager `unchanged()` yields. The project's algorithms
     (`probe`) and the plain Horovod script each pass their own step, judge and variables."""
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
-    steps = [make_batch(b) for b in np.array_split(train_rows, PROBE_STEPS) if len(b)]
+    steps = [make_batch(b) for b in probe_batches(train_rows)]
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
 
     with unchanged() as restore:
