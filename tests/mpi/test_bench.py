@@ -66,3 +66,26 @@ def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(t
     now = {d.name: (d / "summary.json").stat().st_mtime_ns for d in out.iterdir() if d.is_dir()}
     assert [n for n in stamps if now[n] != stamps[n]] == ["equal2-sync-r0"], (stamps, now)
     assert (out / "bench.txt").read_text().splitlines()[0] == text.splitlines()[0]
+
+
+def test_the_accuracy_part_runs_four_workloads_the_last_at_bench_yamls_settings(tmp_path):
+    """`bash launch/bench.sh accuracy` as documented (docs/accuracy.md), cut to a quarter epoch
+    of small data: four workloads each with the network's and the tree's figures, the fourth
+    from configs/bench.yaml in adaptive SGD."""
+    import json
+
+    from tests.harness.mpirun import explain, mpi_env, run as run_job
+
+    out = tmp_path / "acc"
+    env = mpi_env(REPEATS="1", OUT=str(out))
+    p = run_job(["bash", "launch/bench.sh", "accuracy", "--epochs", "0.25", "--set",
+                 "data.synth.scale=0.02", "--set", "optim.lr=0.1"], 600, env)
+    assert p.returncode == 0, explain(p)
+    part = out.parent / "acc-accuracy"
+    names = ["default", "noisy", "eurlex4k", "amazon670k-10pct"]
+    for name in names:
+        rows = json.loads((part / f"accuracy-{name}.json").read_text())["rows"]
+        assert len(rows) == 1 and rows[0]["kept_p1"] > 0 and rows[0]["tree_p1"] > 0, rows
+    used = json.loads((part / "amazon670k-10pct-r0" / "config.json").read_text())
+    assert used["train"]["algorithm"] == "adaptive", used["train"]
+    assert used["train"]["window_samples"] == 4096, used["train"]  # configs/bench.yaml's
