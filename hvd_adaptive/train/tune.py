@@ -148,9 +148,15 @@ class HeldOut:
 
     def __init__(self, ds, rows: np.ndarray, memory_mb: float,
                  make_batch: Callable[[np.ndarray], tuple], pieces: int = 1):
+        self.parts = [(make_batch(r), ds.subset(r))
+                      for r in self.chunks(ds, rows, memory_mb, pieces)]
+
+    @staticmethod
+    def chunks(ds, rows: np.ndarray, memory_mb: float, pieces: int = 1) -> list[np.ndarray]:
+        """`rows` cut into the judge's chunks (non-empty, in order)."""
         per = max(1, int(memory_mb * 2**20 // (4 * max(ds.n_labels, 1))))
-        parts = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
-        self.parts = [(make_batch(r), ds.subset(r)) for r in parts if len(r)]
+        cut = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
+        return [r for r in cut if len(r)]
 
     def sums(self, scores: Callable[..., tuple], rank: int = 0, size: int = 1) -> np.ndarray:
         """[loss summed over the rows with labels, rows with labels, hits in the top TOP_K,
@@ -210,8 +216,7 @@ def warm_up(cfg, ds, make_batch: Callable[[np.ndarray], tuple], scores: Callable
     67,009 labels, is start-up before the clock like the steps' (`Algorithm.trace`); the
     plain Horovod script does the same."""
     _, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
-    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
-    scores(*held.parts[0][0])
+    scores(*make_batch(HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size)[0]))
 
 
 def split(n: int, speeds: Optional[Sequence[float]], size: int) -> list[int]:
