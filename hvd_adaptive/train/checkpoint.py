@@ -448,16 +448,18 @@ class Checkpointer:
         return path
 
     # ---- the best model: its arrays only, in checkpoints/best/ckpt-<round> ----------------------
-    def save_best(self, model, rounds_done: int, record: dict, algorithm: str) -> Path:
-        """Keeps `model` (the evaluated one, equal on every rank) as the run's best, replacing
-        the previous best once the new one is complete (collective; rank 0 writes).
+    def save_best(self, weights, rounds_done: int, record: dict, algorithm: str,
+                  model: str = "trained") -> Path:
+        """Keeps `weights` (the evaluated model's variables, or checkpoint.average's arrays in
+        their order; equal on every rank) as the run's best, replacing the previous best once
+        the new one is complete (collective; rank 0 writes).
 
-        The folder holds the model's arrays as "model.<i>" (what runmodel.open_run reads) and
-        the evaluation that chose it under "best.*"."""
+        The folder holds the arrays as "model.<i>" (what runmodel.open_run reads) and the
+        evaluation that chose them under "best.*" ("best.model": trained or average)."""
         state = {}
         if self.comm.Get_rank() == 0:
-            state = indexed(MODEL, [v.numpy() for v in model.variables_list])
-            state.update({"best.of": algorithm, "best.round": rounds_done,
+            state = indexed(MODEL, [np.asarray(w) for w in weights])
+            state.update({"best.of": algorithm, "best.model": model, "best.round": rounds_done,
                           "best.epoch": record["epoch"], "best.val_p_at_1": record["val_p_at_1"],
                           "best.p_at_1": record["p_at_1"]})
         return save(self.best_dir, rounds_done, state, self.comm, keep=1)

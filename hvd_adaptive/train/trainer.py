@@ -36,6 +36,8 @@ from hvd_adaptive.parallel.distributed import Cluster, allgather, mpi_control_va
 from hvd_adaptive.train import algorithms, tune
 from hvd_adaptive.train.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.train.build import build_algorithm
+from hvd_adaptive.train import checkpoint as ck
+from hvd_adaptive.train.average import WeightAverage, swapped, weights_of
 from hvd_adaptive.train.checkpoint import Checkpointer
 from hvd_adaptive.train.evaluation import Evaluator
 from hvd_adaptive.train.faults import Faults
@@ -125,6 +127,9 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         return run.finish(rates, base_p1)
 
 
+AVERAGE = "average."  # checkpoint.average's arrays among the loop's keys ("trainer.average.<i>")
+
+
 @dataclass
 class Position:
     """Where training stands; checkpointed with the model (Checkpointer.save_training)."""
@@ -135,6 +140,8 @@ class Position:
     rounds: int = 0                 # rounds done
     last_progress: float = 0.0      # epochs done at the end of the last round
     evals: list = field(default_factory=list)  # the eval records so far
+    average: Optional[list] = None  # checkpoint.average's arrays (WeightAverage.arrays)
+    average_at: float = 0.0         # and the progress of its last sample
 
     @classmethod
     def restored(cls, saved: Optional[dict], ranks: int, resized: bool) -> Position:
@@ -143,14 +150,21 @@ class Position:
         if saved:
             at.wall, at.samples, at.rounds = saved["wall"], saved["samples"], saved["round"]
             at.last_progress, at.evals = saved["last_progress"], saved["evals"]
+            n = len(ck.indexed_keys(saved, AVERAGE))
+            if n:
+                at.average = [np.asarray(saved[f"{AVERAGE}{i}"], np.float32) for i in range(n)]
+                at.average_at = float(saved["average_at"])
             if not resized:  # per-rank totals of ranks that no longer exist mean nothing
                 at.totals = np.array(saved["totals"], dtype=float)
         return at
 
     def saved(self) -> dict:
         """The loop's part of a checkpoint ("trainer.<key>")."""
-        return dict(wall=self.wall, samples=self.samples, totals=self.totals.copy(),
-                    evals=self.evals, last_progress=self.last_progress)
+        out = dict(wall=self.wall, samples=self.samples, totals=self.totals.copy(),
+                   evals=self.evals, last_progress=self.last_progress)
+        if self.average is not None:
+            out.update(ck.indexed(AVERAGE, self.average), average_at=self.average_at)
+        return out
 
 
 class Trainer:
@@ -164,8 +178,11 @@ class Trainer:
         # The best model is kept where there is a split to choose it by and checkpoints at all.
         self.keeps_best = val_ds is not None and cfg.checkpoint.best and cfg.checkpoint.keep > 0
         # A resumed run's best so far: its evaluations', or the kept model's if that came later.
-        self.best_val = max([e["val_p_at_1"] for e in position.evals if "val_p_at_1" in e]
+        self.best_val = max([kept_score(e) for e in position.evals if "val_p_at_1" in e]
                             + [ckpt.best_value() if self.keeps_best else -1.0], default=-1.0)
+        # checkpoint.average: the running average of the weights that competes for the keep.
+        self.average = (WeightAverage(cfg.checkpoint.average, position.average, position.average_at)
+                        if val_ds is not None and cfg.checkpoint.average > 0 else None)
         train_ds = algo.ctx.train
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
@@ -203,6 +220,8 @@ class Trainer:
             out_of_time = cfg.time_budget_s is not None and pos.wall >= cfg.time_budget_s
             if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
                 self.evaluate(stats.epoch)
+            elif self.average is not None and self.average.due(stats.epoch):
+                self.sample_average(stats.epoch)
             pos.last_progress = stats.epoch
             if self.ckpt.due(pos.rounds):
                 self.save()
@@ -265,8 +284,11 @@ class Trainer:
             if rec["val_p_at_1"] > self.best_val:
                 self.best_val = rec["val_p_at_1"]
                 if self.keeps_best:
-                    self.ckpt.save_best(model, pos.rounds, rec, self.cfg.train.algorithm)
+                    self.ckpt.save_best(model.variables_list, pos.rounds, rec,
+                                        self.cfg.train.algorithm)
                     said += " (best: kept)"
+            if self.average is not None:
+                said += self.evaluate_average(model, progress, rec)
         pos.evals.append(rec)
         self.log.record(**rec)
         self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
@@ -278,7 +300,41 @@ class Trainer:
         self.faults.delay("eval")
         self.cluster.comm.Barrier()
 
+    def sample_average(self, progress: float) -> list:
+        """Takes the evaluated model's weights at `progress` into checkpoint.average's running
+        average, off the training clock; returns the weights. The ranks leave together, as
+        from an evaluation."""
+        own = weights_of(self.algo.eval_model().variables_list)
+        self.average.add(own, progress)
+        self.cluster.comm.Barrier()
+        return own
+
+    def evaluate_average(self, model, progress: float, rec: dict) -> str:
+        """After the model's evaluation `rec` (its validation P@1 already judged): samples the
+        average and scores it on the validation split in the model's place; where it beats the
+        best so far, also on the test rows (rec's avg_* metrics) and it is kept. Returns what
+        the progress line adds."""
+        own = self.sample_average(progress)
+        ev = self.evaluator_for(model)
+        with swapped(model.variables_list, self.average.arrays, own):
+            v = ev(self.val_ds, self.cluster, None)
+            rec.update({f"avg_val_{k}": round(v[k], 5) for k in VAL_METRICS})
+            said = f" | average's {rec['avg_val_p_at_1']:.4f}"
+            if rec["avg_val_p_at_1"] <= self.best_val:
+                return said
+            self.best_val = rec["avg_val_p_at_1"]
+            m = ev(self.test_ds, self.cluster, self.cfg.train.eval_rows)
+        rec.update({f"avg_{k}": round(x, 5) for k, x in m.items()})
+        rec["kept"] = "average"
+        if self.keeps_best:
+            self.ckpt.save_best(self.average.arrays, self.position.rounds, kept_view(rec),
+                                self.cfg.train.algorithm, model="average")
+            return said + f" (best: the average kept, test P@1 {m['p_at_1']:.4f})"
+        return said + f" (best: the average, test P@1 {m['p_at_1']:.4f})"
+
     def save(self) -> None:
+        if self.average is not None:
+            self.position.average, self.position.average_at = self.average.arrays, self.average.at
         self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
 
     def finish(self, rates: list[float], base_p1: float) -> dict:
@@ -302,8 +358,9 @@ class Trainer:
         kept = summary["kept"]
         if kept is not None:
             where = f"kept in {self.ckpt.best_dir}" if self.keeps_best else "not written"
-            log.say(f"best model: epoch {kept['epoch']:.2f}, validation P@1 {kept['val_p_at_1']:.4f}, "
-                    f"test P@1 {kept['p_at_1']:.4f} ({where})")
+            what = "the weights' average" if kept["model"] == "average" else "the model"
+            log.say(f"best model: {what} at epoch {kept['epoch']:.2f}, validation P@1 "
+                    f"{kept['val_p_at_1']:.4f}, test P@1 {kept['p_at_1']:.4f} ({where})")
         log.close()
         return summary
 
@@ -334,19 +391,35 @@ class Trainer:
 VAL_METRICS = ("p_at_1", "p_at_3", "p_at_5")  # recorded on the validation split as val_<name>
 
 
+def kept_score(e: dict) -> float:
+    """An evaluation's claim to the kept model: its validation P@1, or checkpoint.average's
+    where that is higher (-1 without a split)."""
+    return max(e.get("val_p_at_1", -1.0), e.get("avg_val_p_at_1", -1.0))
+
+
 def evals_since_best(evals: list[dict]) -> int:
-    """Evaluations after the first one of the highest validation P@1 (0 without a split)."""
-    scores = [e["val_p_at_1"] for e in evals if "val_p_at_1" in e]
+    """Evaluations after the first one of the highest `kept_score` (0 without a split)."""
+    scores = [kept_score(e) for e in evals if "val_p_at_1" in e]
     return len(scores) - 1 - int(np.argmax(scores)) if scores else 0
 
 
+def kept_view(e: dict) -> dict:
+    """The evaluation `e` as the model kept at it: where the average was (e["kept"] is
+    "average"), its avg_* metrics under the plain names; "model" says which."""
+    own = {k: v for k, v in e.items() if k not in ("event", "kept") and not k.startswith("avg_")}
+    if e.get("kept") != "average":
+        return {**own, "model": "trained"}
+    return {**own, **{k[len("avg_"):]: v for k, v in e.items() if k.startswith("avg_")},
+            "model": "average"}
+
+
 def _kept(evals: list[dict]) -> Optional[dict]:
-    """The first evaluation of the highest validation P@1 (None without a split)."""
+    """The first evaluation of the highest `kept_score`, as its kept model saw it (`kept_view`;
+    None without a split)."""
     scored = [e for e in evals if "val_p_at_1" in e]
     if not scored:
         return None
-    best = max(scored, key=lambda e: e["val_p_at_1"])  # max keeps the first of equals
-    return {k: v for k, v in best.items() if k != "event"}
+    return kept_view(max(scored, key=kept_score))  # max keeps the first of equals
 
 
 NORM_ROWS = 16384  # rows of a variable weight_stats reads at a time

@@ -1,6 +1,7 @@
-"""The best model kept and read, and the early stop, on 2-rank runs on tiny data whose labels are
-half noise (data.synth.label_noise 0.5: the validation P@1 falls and rises between
-evaluations); the accuracy benchmark sets the kept model beside the tree."""
+"""The best model kept and read (the model itself, or the running average of its weights), and
+the early stop, on 2-rank runs on tiny data, most with half of its labels noise
+(data.synth.label_noise 0.5: the validation P@1 falls and rises between evaluations); the
+accuracy benchmark sets the kept model beside the tree."""
 import json
 import shutil
 import subprocess
@@ -9,20 +10,34 @@ import sys
 import numpy as np
 import pytest
 
+from hvd_adaptive.data import preset, synth_to_files
+from hvd_adaptive.train import checkpoint as ck
 from tests.harness.mpirun import REPO, mpi_env, records, train, train_many
-from tests.harness.trained_run import cli
+from tests.harness.trained_run import TINY, cli
 
 
 @pytest.fixture(scope="module")
 def runs(noisy_files, tmp_path_factory):
-    """Two 2-rank sync runs on the noisy noisy_files, evaluated every epoch with a tenth of the
-    training rows held out: 5 epochs ("keep"), and 12 with a patience of 2 ("early")."""
+    """Three 2-rank sync runs on the noisy noisy_files with a tenth of the training rows held
+    out: evaluated every epoch, 5 epochs ("keep") and 12 with a patience of 2 ("early"); and 5
+    epochs evaluated every other with checkpoint.average, on the tiny data without noise
+    ("average")."""
     root = tmp_path_factory.mktemp("validation")
     train_txt, test_txt = noisy_files
+    # The average's run: the tiny data without noise, at a rate where the model's validation
+    # P@1 jumps between evaluations and the average wins the last by 6 of its 200 rows.
+    clean_train, clean_test = synth_to_files(preset("eurlex4k", **TINY), root / "clean")
     data = (f"data.train={train_txt}", f"data.test={test_txt}", "data.validation=0.1",
             "train.eval_every=1")
-    spec = {"keep": (root / "keep", (*data, "train.epochs=5")),
-            "early": (root / "early", (*data, "train.epochs=12", "train.patience=2"))}
+    # The model alone competes for the keep in these two (checkpoint.average 0); "average" has
+    # the weights' running average compete too, evaluated every other epoch, a checkpoint a round.
+    spec = {"keep": (root / "keep", (*data, "train.epochs=5", "checkpoint.average=0")),
+            "early": (root / "early", (*data, "train.epochs=12", "train.patience=2",
+                                       "checkpoint.average=0")),
+            "average": (root / "average", (
+                f"data.train={clean_train}", f"data.test={clean_test}", "data.validation=0.1",
+                "train.eval_every=2", "train.epochs=5", "optim.lr=3", "checkpoint.average=0.75",
+                "checkpoint.every=1", "checkpoint.keep=100"))}
     return {name: (path, s) for (name, (path, _)), s in zip(spec.items(), train_many(2, spec).values())}
 
 
@@ -49,6 +64,59 @@ def test_the_best_model_is_kept_and_read_by_default(runs, noisy_files, tmp_path)
     last = json.loads((tmp_path / "last.json").read_text())
     assert last["metrics"]["p_at_1"] == pytest.approx(evals[-1]["p_at_1"], abs=1e-5)
     assert last["checkpoint"].endswith("checkpoints/ckpt-20")
+
+
+def test_the_weights_average_is_sampled_saved_and_kept_where_it_validates_better(runs, noisy_files,
+                                                                                 tmp_path):
+    """The average in the run's last checkpoint is the running average (half-life 0.75 epochs)
+    of the models its checkpoints hold at the rounds where it was sampled: the first round, each
+    evaluation, and the first round 0.75 epochs or more after the last sample. The kept model
+    is the first best of the model and the average by validation P@1, and `evaluate` reads it."""
+    run_dir, summary = runs["average"]
+    rounds, evals = records(run_dir, "round"), records(run_dir, "eval")
+    at_eval = {e["epoch"] for e in evals}
+    samples, last = [], None
+    for r in rounds:  # the round record r is followed by checkpoint ckpt-(r + 1)
+        e = r["epoch"]
+        if last is None or e in at_eval or e - last >= 0.75:
+            samples.append((e, r["round"] + 1))
+            last = e
+    assert len(samples) > len(evals) + 1, samples  # samples between evaluations were taken
+    ckpts = run_dir / "checkpoints"
+    avg, checked = None, 0
+    for i, ((e, n), prev) in enumerate(zip(samples, [None] + samples[:-1])):
+        state, _ = ck.load(ckpts / f"ckpt-{n}")
+        w = [np.asarray(state[k], np.float64) for k in ck.indexed_keys(state, ck.MODEL)]
+        keep = 0.0 if prev is None else 0.5 ** ((e - prev[0]) / 0.75)
+        avg = w if avg is None else [keep * a + (1 - keep) * x for a, x in zip(avg, w)]
+        if abs(state["trainer.average_at"] - e) > 1e-3:  # only the final evaluation, after the loop's
+            assert i == len(samples) - 1, (e, state["trainer.average_at"])  # last checkpoint
+            continue
+        saved = [state[k] for k in ck.indexed_keys(state, "trainer.average.")]
+        assert len(saved) == len(avg)
+        for a, b in zip(saved, avg):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # epochs recorded to 4 places
+        checked += 1
+    assert checked >= len(samples) - 1
+    # Kept: the first evaluation of the highest of the two validation P@1s.
+    score = [max(e["val_p_at_1"], e["avg_val_p_at_1"]) for e in evals]
+    best = evals[int(np.argmax(score))]
+    kept = summary["kept"]
+    assert kept["epoch"] == best["epoch"] and kept["val_p_at_1"] == max(score)
+    model = "average" if best["avg_val_p_at_1"] > best["val_p_at_1"] else "trained"
+    assert kept["model"] == model and (best.get("kept") == "average") == (model == "average")
+    assert any(e.get("kept") == "average" for e in evals), (
+        f"the average must win an evaluation for this test to mean anything: {evals}")
+    best_dir = run_dir / "checkpoints" / "best"
+    (only,) = best_dir.iterdir()
+    state, _ = ck.load(only)
+    assert state["best.model"] == model and state["best.epoch"] == best["epoch"]
+    test_txt = run_dir.parent / "clean" / "test.txt"
+    p = cli("evaluate", run_dir, "--data", test_txt, "--out", tmp_path / "kept.json")
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads((tmp_path / "kept.json").read_text())["metrics"]
+    for k in ("p_at_1", "p_at_5", "psp_at_5"):
+        assert got[k] == pytest.approx(kept[k], abs=1e-5), k
 
 
 def test_the_early_stop_stops_after_its_patience(runs):

@@ -1,0 +1,66 @@
+"""checkpoint.average without ranks: the running average's arithmetic, which evaluation's model
+is kept when the average competes, and its setting's check."""
+import numpy as np
+import pytest
+
+from hvd_adaptive.train.average import WeightAverage
+from hvd_adaptive.train.trainer import _kept, evals_since_best, kept_view
+from tests.harness.mpirun import before_tf
+
+
+def test_a_models_share_halves_every_half_life_whatever_the_spacing():
+    avg = WeightAverage(0.5)
+    assert avg.due(0.1)  # nothing yet: the first sample is the average
+    avg.add([np.array([4.0, 0.0]), np.array([[1.0]])], 0.1)
+    assert [a.tolist() for a in avg.arrays] == [[4.0, 0.0], [[1.0]]]
+    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6)  # one half-life later
+    np.testing.assert_allclose(avg.arrays[0], [2.0, 4.0])
+    np.testing.assert_allclose(avg.arrays[1], [[2.0]])
+    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6)  # the same progress: no change
+    np.testing.assert_allclose(avg.arrays[0], [2.0, 4.0])
+    avg.add([np.array([10.0, 0.0]), np.array([[0.0]])], 0.85)  # half a half-life
+    keep = 0.5 ** 0.5
+    np.testing.assert_allclose(avg.arrays[0], [2.0 * keep + 10.0 * (1 - keep), 4.0 * keep], rtol=1e-6)
+    assert avg.at == 0.85 and not avg.due(1.3) and avg.due(1.35)
+    # Two samples a quarter half-life apart after one half a half-life before: the same
+    # weights as one sample at the end when the model did not change in between.
+    a, b = WeightAverage(1.0), WeightAverage(1.0)
+    for w in (a, b):
+        w.add([np.array([1.0])], 0.0)
+    a.add([np.array([5.0])], 0.5)
+    a.add([np.array([5.0])], 1.0)
+    b.add([np.array([5.0])], 1.0)
+    np.testing.assert_allclose(a.arrays[0], b.arrays[0], rtol=1e-6)
+
+
+def _eval(epoch, val, avg_val=None, kept=False, p1=0.5):
+    e = {"event": "eval", "epoch": epoch, "p_at_1": p1, "val_p_at_1": val}
+    if avg_val is not None:
+        e["avg_val_p_at_1"] = avg_val
+    if kept:
+        e.update(kept="average", avg_p_at_1=p1 + 0.1)
+    return e
+
+
+def test_the_kept_evaluation_is_the_first_best_of_the_model_and_its_average():
+    evals = [_eval(1, 0.60, 0.55), _eval(2, 0.70, 0.72, kept=True), _eval(3, 0.72, 0.71),
+             _eval(4, 0.65, 0.72)]
+    kept = _kept(evals)
+    assert kept["epoch"] == 2 and kept["model"] == "average"
+    assert kept["val_p_at_1"] == 0.72 and kept["p_at_1"] == pytest.approx(0.6)
+    assert evals_since_best(evals) == 2
+    evals.append(_eval(5, 0.73, 0.70))  # the model itself passes the average's best
+    kept = _kept(evals)
+    assert (kept["epoch"], kept["model"], kept["p_at_1"]) == (5, "trained", 0.5)
+    assert "avg_val_p_at_1" not in kept and evals_since_best(evals) == 0
+    # Without the average, the model's validation P@1 alone.
+    assert _kept([_eval(1, 0.6), _eval(2, 0.5)])["epoch"] == 1
+    assert kept_view(_eval(1, 0.6, 0.7))["model"] == "trained"  # not kept there: the model's
+
+
+def test_a_negative_half_life_names_the_key(tmp_path):
+    p = before_tf(["train", "--config", "configs/tiny.yaml", "--run-dir", str(tmp_path / "r"),
+                   "--set", "checkpoint.average=-1"])
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert "checkpoint.average: a half-life in epochs, >= 0 (0: off), got -1" in p.stderr
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
