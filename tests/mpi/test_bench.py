@@ -68,9 +68,9 @@ def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(t
     assert (out / "bench.txt").read_text().splitlines()[0] == text.splitlines()[0]
 
 
-def test_the_accuracy_part_runs_four_workloads_the_last_at_bench_yamls_settings(tmp_path):
+def test_the_accuracy_part_runs_five_workloads_the_last_at_bench_yamls_settings(tmp_path):
     """`bash launch/bench.sh accuracy` as documented (docs/accuracy.md), cut to a quarter epoch
-    of small data: four workloads each with the network's and the tree's figures, the fourth
+    of small data: five workloads each with the network's and the tree's figures, the fifth
     from configs/bench.yaml in adaptive SGD."""
     import json
 
@@ -82,7 +82,7 @@ def test_the_accuracy_part_runs_four_workloads_the_last_at_bench_yamls_settings(
                  "data.synth.scale=0.02", "--set", "optim.lr=0.1"], 600, env)
     assert p.returncode == 0, explain(p)
     part = out.parent / "acc-accuracy"
-    names = ["default", "noisy", "eurlex4k", "amazon670k-10pct"]
+    names = ["default", "noisy", "eurlex4k", "delicious200k-5pct", "amazon670k-10pct"]
     for name in names:
         rows = json.loads((part / f"accuracy-{name}.json").read_text())["rows"]
         assert len(rows) == 1 and rows[0]["kept_p1"] > 0 and rows[0]["tree_p1"] > 0, rows
