@@ -7,8 +7,10 @@ For each seed r (train.seed, model.init_seed and the tree's seed r + 1), one `hv
 run on `--ranks` ranks (bench.run_one: no checkpoint is written, `kept` is read from the
 evaluations) with a validation split (data.validation, default 0.05 here) and an
 evaluation every `--eval-every` epochs, then `hvd-adaptive trees` on the same training rows.
-Prints one line a seed and a median row: the kept model's test P@1/P@5/PSP@5, the best test
-P@1 any evaluation reached and the kept model's gap to it (points), the tree's P@1/P@5/PSP@5
+Prints one line a seed and a median row: which model was kept (the trained one, or
+checkpoint.average's average: "average"), the kept model's test P@1/P@5/PSP@5, the best test
+P@1 any evaluation of the trained model reached and the kept model's gap to it (points;
+negative where a kept average is above them all), the tree's P@1/P@5/PSP@5
 and train time, and the network's training seconds to the tree's P@1 (the run's clock: rate
 probe included, evaluations not; "-" where it never got there). Writes accuracy.json.
 """
@@ -50,7 +52,7 @@ def run_seed(args, seed: int, say) -> dict:
     tree = json.loads(tree_out.read_text())
     kept, tm = summary["kept"], tree["metrics"]
     best = max(e["p_at_1"] for e in evals)
-    row = {"seed": seed, "kept_p1": kept["p_at_1"], "kept_p5": kept["p_at_5"],
+    row = {"seed": seed, "kept_model": kept["model"], "kept_p1": kept["p_at_1"], "kept_p5": kept["p_at_5"],
            "kept_psp5": kept["psp_at_5"], "kept_epoch": kept["epoch"], "best_p1": best,
            "gap_points": round(100 * (best - kept["p_at_1"]), 2),
            "final_p1": summary["final"]["p_at_1"], "final_epoch": summary["final"]["epoch"],
@@ -68,11 +70,14 @@ COLUMNS = ("kept_p1", "kept_p5", "kept_psp5", "best_p1", "gap_points", "final_p1
 def line(row: dict) -> str:
     def cell(v):
         return "-" if v is None else f"{v:.4f}" if isinstance(v, float) and v < 1 else f"{v:g}"
-    return f"{str(row['seed']):>6} " + " ".join(f"{cell(row[c]):>16}" for c in COLUMNS)
+    return (f"{str(row['seed']):>6} {row['kept_model']:>10} "
+            + " ".join(f"{cell(row[c]):>16}" for c in COLUMNS))
 
 
 def median_row(rows: list[dict]) -> dict:
-    out = {"seed": "median"}
+    # kept_model: of how many seeds the kept model was checkpoint.average's average.
+    out = {"seed": "median",
+           "kept_model": f"{sum(r['kept_model'] == 'average' for r in rows)}/{len(rows)} avg"}
     for c in COLUMNS:
         values = [r[c] for r in rows if r[c] is not None]
         # A time never reached counts as later than any reached (it stays "-" for most seeds).
@@ -98,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     print(f"accuracy: {args.name} ({args.config} {' '.join(args.set)}), {args.seeds} seed(s), "
           f"{args.ranks} ranks", flush=True)
-    print(f"{'seed':>6} " + " ".join(f"{c:>16}" for c in COLUMNS), flush=True)
+    print(f"{'seed':>6} {'kept_model':>10} " + " ".join(f"{c:>16}" for c in COLUMNS), flush=True)
     rows = [run_seed(args, r, lambda s: print(s, flush=True)) for r in range(args.seeds)]
     med = median_row(rows)
     print(line(med), flush=True)

@@ -8,7 +8,9 @@ sample the model's weights w enter as
 
 so a model's share halves every H epochs whatever the spacing of the samples. The trainer
 samples at every evaluation and, between them, at the end of the first round at least H epochs
-after the last sample; the first sample is the average. Every rank holds the same average (the
+after the last sample. The first sample, the first evaluation's model, is the average (the
+model at its start would keep a share for epochs, and a run that ends at its first evaluation
+keeps the model). Every rank holds the same average (the
 evaluated model is equal on every rank at a round's end). It lives in host memory as numpy
 arrays, in the order of the model's `variables_list`, and is saved with the loop's position.
 
@@ -32,8 +34,9 @@ class WeightAverage:
         self.halflife, self.arrays, self.at = float(halflife), arrays, float(at)
 
     def due(self, progress: float) -> bool:
-        """Whether the trainer samples at `progress` between evaluations."""
-        return self.arrays is None or progress - self.at >= self.halflife
+        """Whether the trainer samples at `progress` between evaluations: a half-life or more
+        after the last sample (never before the first, which an evaluation takes)."""
+        return self.arrays is not None and progress - self.at >= self.halflife
 
     def add(self, weights: Sequence[np.ndarray], progress: float) -> None:
         """Takes the model's `weights` at `progress` epochs into the average (a second sample

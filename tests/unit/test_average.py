@@ -10,7 +10,7 @@ from tests.harness.mpirun import before_tf
 
 def test_a_models_share_halves_every_half_life_whatever_the_spacing():
     avg = WeightAverage(0.5)
-    assert avg.due(0.1)  # nothing yet: the first sample is the average
+    assert not avg.due(5.0)  # nothing yet: the first sample, an evaluation's, is the average
     avg.add([np.array([4.0, 0.0]), np.array([[1.0]])], 0.1)
     assert [a.tolist() for a in avg.arrays] == [[4.0, 0.0], [[1.0]]]
     avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6)  # one half-life later
