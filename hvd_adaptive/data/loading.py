@@ -85,7 +85,8 @@ def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
     None).
 
     Returns:
-        The training rows where known without reading the data (synthetic, or a file with a
+        The rows that train, the validation split taken out (the window stream's, which
+        --resume checks), where known without reading the data (synthetic, or a file with a
         header), else None.
 
     Raises:
@@ -98,19 +99,19 @@ def check_sources(cfg: Config, ranks: Optional[int] = None) -> Optional[int]:
             raise ConfigError(f"data.synth.preset: unknown preset {d.synth.preset!r}; "
                               f"known: {sorted(PRESETS)}")
         n = synth_spec(cfg).n_train
-        cfg.data.validation_rows(n, SYNTHETIC)
+        held = cfg.data.validation_rows(n, SYNTHETIC)
         _check_ranks(n, ranks, SYNTHETIC)
-        return n
+        return n - held
     for key, path in (("data.train", d.train), ("data.test", d.test)):
         if not os.path.isfile(path):
             raise DataError(f"{path}: data file not found ({key})")
     head = read_header(d.train, fmt=d.format)
     if head is not None:
         read_header(d.test, fmt=d.format, n_features=head[1], n_labels=head[2])
-        cfg.data.validation_rows(head[0], d.train)
+        held = cfg.data.validation_rows(head[0], d.train)
         _check_ranks(head[0], ranks, d.train)
         _check_batch(cfg, head[0], d.train)
-        return head[0]
+        return head[0] - held
     return None
 
 

@@ -119,6 +119,27 @@ def test_the_weights_average_is_sampled_saved_and_kept_where_it_validates_better
         assert got[k] == pytest.approx(kept[k], abs=1e-5), k
 
 
+def test_a_resumed_run_goes_on_with_the_average_it_saved(runs, tmp_path):
+    """The "average" run cut back to its checkpoint after round 9 (between its first evaluation
+    and the next sample) and resumed ends with the average the uninterrupted run saved last."""
+    run_dir, _ = runs["average"]
+    cut = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
+    for n in range(10, last + 1):
+        shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
+    assert ck.load(cut / "checkpoints" / "ckpt-9")[0]["trainer.average_at"] == pytest.approx(2.0, abs=1e-3)
+    train(2, cut, "checkpoint.resume=auto", config=str(cut / "config.json"))
+    assert len(records(cut, "resume")) == 1
+    want, _ = ck.load(run_dir / "checkpoints" / f"ckpt-{last}")
+    got, _ = ck.load(cut / "checkpoints" / f"ckpt-{last}")
+    assert got["trainer.average_at"] == want["trainer.average_at"]
+    keys = ck.indexed_keys(want, "trainer.average.")
+    assert keys and keys == ck.indexed_keys(got, "trainer.average.")
+    for k in keys:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+
+
 def test_the_early_stop_stops_after_its_patience(runs):
     run_dir, summary = runs["early"]
     val = [e["val_p_at_1"] for e in records(run_dir, "eval")]
