@@ -37,7 +37,7 @@ from hvd_adaptive.train import algorithms, tune
 from hvd_adaptive.train.algorithms.base import TIMES, TOTALS, RoundStats
 from hvd_adaptive.train.build import build_algorithm
 from hvd_adaptive.train import checkpoint as ck
-from hvd_adaptive.train.average import WeightAverage, swapped, weights_of
+from hvd_adaptive.train.average import WeightAverage
 from hvd_adaptive.train.checkpoint import Checkpointer
 from hvd_adaptive.train.evaluation import Evaluator
 from hvd_adaptive.train.faults import Faults
@@ -140,8 +140,7 @@ class Position:
     rounds: int = 0                 # rounds done
     last_progress: float = 0.0      # epochs done at the end of the last round
     evals: list = field(default_factory=list)  # the eval records so far
-    average: Optional[list] = None  # checkpoint.average's arrays (WeightAverage.arrays)
-    average_at: float = 0.0         # and the progress of its last sample
+    average: Optional[WeightAverage] = None  # checkpoint.average's, where it is on
 
     @classmethod
     def restored(cls, saved: Optional[dict], ranks: int, resized: bool) -> Position:
@@ -152,8 +151,8 @@ class Position:
             at.last_progress, at.evals = saved["last_progress"], saved["evals"]
             n = len(ck.indexed_keys(saved, AVERAGE))
             if n:
-                at.average = [np.asarray(saved[f"{AVERAGE}{i}"], np.float32) for i in range(n)]
-                at.average_at = float(saved["average_at"])
+                at.average = WeightAverage([np.asarray(saved[f"{AVERAGE}{i}"], np.float32)
+                                            for i in range(n)], float(saved["average_at"]))
             if not resized:  # per-rank totals of ranks that no longer exist mean nothing
                 at.totals = np.array(saved["totals"], dtype=float)
         return at
@@ -162,8 +161,8 @@ class Position:
         """The loop's part of a checkpoint ("trainer.<key>")."""
         out = dict(wall=self.wall, samples=self.samples, totals=self.totals.copy(),
                    evals=self.evals, last_progress=self.last_progress)
-        if self.average is not None:
-            out.update(ck.indexed(AVERAGE, self.average), average_at=self.average_at)
+        if self.average is not None and self.average.arrays is not None:
+            out.update(ck.indexed(AVERAGE, self.average.arrays), average_at=self.average.at)
         return out
 
 
@@ -180,9 +179,10 @@ class Trainer:
         # A resumed run's best so far: its evaluations', or the kept model's if that came later.
         self.best_val = max([kept_score(e) for e in position.evals if "val_p_at_1" in e]
                             + [ckpt.best_value() if self.keeps_best else -1.0], default=-1.0)
-        # checkpoint.average: the running average of the weights that competes for the keep.
-        self.average = (WeightAverage(cfg.checkpoint.average, position.average, position.average_at)
-                        if val_ds is not None and cfg.checkpoint.average > 0 else None)
+        # checkpoint.average: the running average of the weights that competes for the keep,
+        # held by the position (a resumed run's goes on); its half-life is this run's config.
+        self.halflife = cfg.checkpoint.average if val_ds is not None else 0.0
+        position.average = (position.average or WeightAverage()) if self.halflife > 0 else None
         train_ds = algo.ctx.train
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
@@ -220,7 +220,7 @@ class Trainer:
             out_of_time = cfg.time_budget_s is not None and pos.wall >= cfg.time_budget_s
             if itstime(stats.epoch, cfg.eval_every, pos.last_progress) and not out_of_time:
                 self.evaluate(stats.epoch)
-            elif self.average is not None and self.average.due(stats.epoch):
+            elif pos.average is not None and pos.average.due(stats.epoch, self.halflife):
                 self.sample_average(stats.epoch)
             pos.last_progress = stats.epoch
             if self.ckpt.due(pos.rounds):
@@ -287,7 +287,7 @@ class Trainer:
                     self.ckpt.save_best(model.variables_list, pos.rounds, rec,
                                         self.cfg.train.algorithm)
                     said += " (best: kept)"
-            if self.average is not None:
+            if pos.average is not None:
                 said += self.evaluate_average(model, progress, rec)
         pos.evals.append(rec)
         self.log.record(**rec)
@@ -304,8 +304,8 @@ class Trainer:
         """Takes the evaluated model's weights at `progress` into checkpoint.average's running
         average, off the training clock; returns the weights. The ranks leave together, as
         from an evaluation."""
-        own = weights_of(self.algo.eval_model().variables_list)
-        self.average.add(own, progress)
+        own = tune.copies(self.algo.eval_model().variables_list)
+        self.position.average.add(own, progress, self.halflife)
         self.cluster.comm.Barrier()
         return own
 
@@ -314,9 +314,11 @@ class Trainer:
         average and scores it on the validation split in the model's place; where it beats the
         best so far, also on the test rows (rec's avg_* metrics) and it is kept. Returns what
         the progress line adds."""
-        own = self.sample_average(progress)
+        own, average = self.sample_average(progress), self.position.average.arrays
         ev = self.evaluator_for(model)
-        with swapped(model.variables_list, self.average.arrays, own):
+        with tune.unchanged(model.variables_list, own):  # the model's own weights put back
+            for var, a in zip(model.variables_list, average):
+                var.assign(a)
             v = ev(self.val_ds, self.cluster, None)
             rec.update({f"avg_val_{k}": round(v[k], 5) for k in VAL_METRICS})
             said = f" | average's {rec['avg_val_p_at_1']:.4f}"
@@ -327,14 +329,12 @@ class Trainer:
         rec.update({f"avg_{k}": round(x, 5) for k, x in m.items()})
         rec["kept"] = "average"
         if self.keeps_best:
-            self.ckpt.save_best(self.average.arrays, self.position.rounds, kept_view(rec),
+            self.ckpt.save_best(average, self.position.rounds, kept_view(rec),
                                 self.cfg.train.algorithm, model="average")
             return said + f" (best: the average kept, test P@1 {m['p_at_1']:.4f})"
         return said + f" (best: the average, test P@1 {m['p_at_1']:.4f})"
 
     def save(self) -> None:
-        if self.average is not None:
-            self.position.average, self.position.average_at = self.average.arrays, self.average.at
         self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
 
     def finish(self, rates: list[float], base_p1: float) -> dict:

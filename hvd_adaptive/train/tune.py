@@ -85,12 +85,18 @@ class LrChoice:
                 f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
+def copies(variables: Sequence) -> list[np.ndarray]:
+    """The values of `variables` (tf.Variables) as host numpy arrays, never aliases of them."""
+    return [np.array(v.numpy(), copy=True) for v in variables]
+
+
 @contextmanager
-def unchanged(variables: Sequence) -> Iterator[Callable[[], None]]:
+def unchanged(variables: Sequence, saved: Optional[list] = None) -> Iterator[Callable[[], None]]:
     """Steps run inside change none of `variables` (tf.Variables: a model, its optimizer's
     state, its rate): they are put back afterwards. Yields the function that puts them back,
-    for use in between (each candidate of the probe starts from the same place)."""
-    saved = [np.array(v.numpy(), copy=True) for v in variables]  # never alias a variable
+    for use in between (each candidate of the probe starts from the same place). `saved`:
+    their values as `copies` already took them, put back instead of taking new copies."""
+    saved = copies(variables) if saved is None else saved
 
     def restore() -> None:
         for v, x in zip(variables, saved):

@@ -9,27 +9,27 @@ from tests.harness.mpirun import before_tf
 
 
 def test_a_models_share_halves_every_half_life_whatever_the_spacing():
-    avg = WeightAverage(0.5)
-    assert not avg.due(5.0)  # nothing yet: the first sample, an evaluation's, is the average
-    avg.add([np.array([4.0, 0.0]), np.array([[1.0]])], 0.1)
+    avg = WeightAverage()  # a half-life of 0.5 epochs below
+    assert not avg.due(5.0, 0.5)  # nothing yet: the first sample, an evaluation's, is the average
+    avg.add([np.array([4.0, 0.0]), np.array([[1.0]])], 0.1, 0.5)
     assert [a.tolist() for a in avg.arrays] == [[4.0, 0.0], [[1.0]]]
-    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6)  # one half-life later
+    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6, 0.5)  # one half-life later
     np.testing.assert_allclose(avg.arrays[0], [2.0, 4.0])
     np.testing.assert_allclose(avg.arrays[1], [[2.0]])
-    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6)  # the same progress: no change
+    avg.add([np.array([0.0, 8.0]), np.array([[3.0]])], 0.6, 0.5)  # the same progress: no change
     np.testing.assert_allclose(avg.arrays[0], [2.0, 4.0])
-    avg.add([np.array([10.0, 0.0]), np.array([[0.0]])], 0.85)  # half a half-life
+    avg.add([np.array([10.0, 0.0]), np.array([[0.0]])], 0.85, 0.5)  # half a half-life
     keep = 0.5 ** 0.5
     np.testing.assert_allclose(avg.arrays[0], [2.0 * keep + 10.0 * (1 - keep), 4.0 * keep], rtol=1e-6)
-    assert avg.at == 0.85 and not avg.due(1.3) and avg.due(1.35)
-    # Two samples a quarter half-life apart after one half a half-life before: the same
-    # weights as one sample at the end when the model did not change in between.
-    a, b = WeightAverage(1.0), WeightAverage(1.0)
+    assert avg.at == 0.85 and not avg.due(1.3, 0.5) and avg.due(1.35, 0.5)
+    # Two samples half a half-life apart: the same weights as one sample at the end of both
+    # when the model did not change in between.
+    a, b = WeightAverage(), WeightAverage()  # a half-life of 1 epoch
     for w in (a, b):
-        w.add([np.array([1.0])], 0.0)
-    a.add([np.array([5.0])], 0.5)
-    a.add([np.array([5.0])], 1.0)
-    b.add([np.array([5.0])], 1.0)
+        w.add([np.array([1.0])], 0.0, 1.0)
+    a.add([np.array([5.0])], 0.5, 1.0)
+    a.add([np.array([5.0])], 1.0, 1.0)
+    b.add([np.array([5.0])], 1.0, 1.0)
     np.testing.assert_allclose(a.arrays[0], b.arrays[0], rtol=1e-6)
 
 
