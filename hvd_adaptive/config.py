@@ -584,13 +584,13 @@ class CheckpointConfig:
     improved); `predict`, `evaluate` and `export` read it unless told `--checkpoint last`.
     Nothing is written with keep 0."""
     average: float = 0.5
-    """Half-life in epochs of a running average of the evaluated model's weights (sampled at
-    every evaluation and at least every half-life, off the training clock), which competes
-    with the model itself for the kept best: where its validation P@1 is higher, the average
-    is what `checkpoints/best/` holds and the run's `kept` reports. With a validation split
-    only; one more copy of the weights in host memory. 0: off. At 0.5, evaluated every half
-    epoch, the average's test P@1 was 0.2-1.0 points above the model's (docs/accuracy.md,
-    "The average of the weights")."""
+    """Half-life in epochs of a running average of the evaluated model's weights (from the
+    first evaluation on, sampled at every evaluation and at least every half-life between
+    them, off the training clock), which competes with the model itself for the kept best:
+    where its validation P@1 is higher, the average is what `checkpoints/best/` holds and the
+    run's `kept` reports. With a validation split only; one more copy of the weights in host
+    memory. 0: off. At 0.5, evaluated every half epoch, the average's test P@1 was 0.2-1.0
+    points above the model's (docs/accuracy.md, "The average of the weights")."""
 
     def validate(self, path: str) -> None:
         _positive(self, path, "every")
