@@ -60,7 +60,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
@@ -84,6 +84,14 @@ CONTENDERS = {
 }
 # Contenders that are scripts of their own rather than `hvd-adaptive train`: name -> module.
 SCRIPTS = {"horovod": "hvd_adaptive.bench.plain_horovod"}
+
+
+def script_of(contender: str, sets: Sequence[str] = ()) -> Optional[str]:
+    """The SCRIPTS entry `contender` runs: its name, or a variant's `train.algorithm=<entry>`
+    (`--variant horovod_x=train.algorithm=horovod,...`); None: `hvd-adaptive train`."""
+    if contender in SCRIPTS:
+        return contender
+    return next((k for k in SCRIPTS if f"train.algorithm={k}" in sets), None)
 # Scenarios whose slowdown only the project's training can apply (sleep mode), and why.
 SLEEP_SCENARIOS = ("slowed", "vary")
 SCENARIOS = ("even", "slowed", "quota", "vary")
@@ -91,17 +99,18 @@ def train_args(config: str, sets: list[str], run_dir: Path, contender: str = "")
     """A contender's `python ARGS`: `hvd-adaptive train`, or the contender's own script
     (SCRIPTS); no checkpoints (the runs are read for their metrics only; a full benchmark at
     67,009 labels would keep about 10 GB of models), then `sets`."""
-    program = ["-m", SCRIPTS[contender]] if contender in SCRIPTS else ["-m", "hvd_adaptive.cli", "train"]
+    script = script_of(contender, sets)
+    program = ["-m", SCRIPTS[script]] if script else ["-m", "hvd_adaptive.cli", "train"]
     args = [*program, "--config", config, "--run-dir", str(run_dir)]
-    for s in ["checkpoint.keep=0", *sets]:
+    for s in ["checkpoint.keep=0", *[x for x in sets if x != f"train.algorithm={script}"]]:
         args += ["--set", s]
     return args
 
 
-def skip_reason(contender: str, scenario: str) -> Optional[str]:
-    """Why `contender` cannot run `scenario` (None: it can): a plain script in a sleep-mode
-    scenario, whose slowdown it has no way to apply."""
-    if contender in SCRIPTS and scenario in SLEEP_SCENARIOS:
+def skip_reason(contender: str, scenario: str, sets: Sequence[str] = ()) -> Optional[str]:
+    """Why `contender` (with its `sets`) cannot run `scenario` (None: it can): a plain script
+    in a sleep-mode scenario, whose slowdown it has no way to apply."""
+    if script_of(contender, sets) and scenario in SLEEP_SCENARIOS:
         return (f"{contender} skipped in the {scenario} scenario: its slowdown (hetero.mode=sleep) "
                 "multiplies only the project's own computation spans, which a plain script does "
                 "not have; the quota scenario slows it as it slows the others")
@@ -322,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_rows = _train_rows(out)
                 phases[label] = [(vary[0] * n_rows, 1.0), (vary[1] * n_rows, factor), (float("inf"), 1.0)]
             for name, sets in contenders.items():
-                why = skip_reason(name, scen)
+                why = skip_reason(name, scen, sets)
                 if why:
                     if rep == 0:
                         print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)

@@ -172,6 +172,12 @@ def test_the_plain_horovod_script_is_a_contender_of_its_own():
     assert all("plain script" in skip_reason("horovod", s) for s in ("slowed", "vary"))
     assert skip_reason("horovod", "even") is None and skip_reason("horovod", "quota") is None
     assert skip_reason("sync", "slowed") is None
+    # A variant of it (--variant NAME=train.algorithm=horovod,...) runs the script too.
+    sets = ["train.algorithm=horovod", "optim.lr=0.1"]
+    assert train_args("configs/tiny.yaml", sets, Path("runs/x"), "horovod_lr")[:2] == [
+        "-m", "hvd_adaptive.bench.plain_horovod"]
+    assert train_args("configs/tiny.yaml", sets, Path("runs/x"), "horovod_lr")[-2:] == ["--set", "optim.lr=0.1"]
+    assert skip_reason("horovod_lr", "slowed", sets) and not skip_reason("horovod_lr", "even", sets)
     r = run([0.2, 0.5], 1.0)
     for rank in r["summary"]["per_rank"]:
         for k in ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s"):
