@@ -185,10 +185,6 @@ class OptimConfig:
     """Base learning rate (lr0 of the papers: the rate at the largest batch), or "auto": chosen
     at start by a short probe of candidate rates on the training rows (hvd_adaptive.train.tune),
     whose time is charged to the run's clock. A number is used as given."""
-    keep_probe: bool = True
-    """With lr auto: training starts from the model (and optimizer state) of the probe's best
-    candidate, which has trained the probe's rows, instead of from the untrained start; the
-    candidate's rank broadcasts it, on the clock. False: the probe only chooses the rate."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9

@@ -271,14 +271,10 @@ class PlainHorovod:
 
         self.step, self.alone, self.top5, self.held_out = step, alone, top5, held_out
 
-    def state_variables(self) -> list:
-        """The model, the optimizer's state and the rate (tf.Variables)."""
-        return [*self.net.ordered, *self.opt.slots, self.opt.lr]
-
     @contextmanager
     def unchanged(self):
         """Steps inside change nothing (tracing and timing before the clock)."""
-        with tune.unchanged(self.state_variables()) as restore:
+        with tune.unchanged([*self.net.ordered, *self.opt.slots, self.opt.lr]) as restore:
             yield restore
 
 
@@ -339,18 +335,13 @@ def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
 def choose_lr(plain: PlainHorovod, train, cfg, rates: list) -> Optional[tune.LrChoice]:
     """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.search: its candidates,
     rows and rule, shared out by the ranks' standalone `rates`), each candidate trained with this
-    script's own step without the allreduce, from the broadcast start, which is put back; with
-    optim.keep_probe training starts from the kept candidate's model, as the project's does.
-    None when the rate is pinned."""
+    script's own step without the allreduce, from the broadcast start, which is put back; None
+    when the rate is pinned."""
     if cfg.optim.lr != "auto":
         return None
     choice = tune.search(cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out,
-                         plain.opt.lr, plain.state_variables(), hvd.rank(), hvd.size(),
+                         plain.opt.lr, plain.unchanged, hvd.rank(), hvd.size(),
                          hvd.allgather_object, rates)
-    if choice.kept_rank is not None:  # optim.keep_probe, as the project: its rank sends it
-        t = time.perf_counter()
-        hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=choice.kept_rank)
-        choice.kept_seconds = max(hvd.allgather_object(time.perf_counter() - t))
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:
         print(choice.line(), flush=True)
@@ -394,8 +385,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
            mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
            lr=float(plain.opt.lr.numpy()), lr_choice=choice.record() if choice else None)
     # The choice's seconds count, as they do in the project's runs.
-    t, clock = cfg.train, {"wall": choice.seconds + choice.kept_seconds if choice else 0.0,
-                           "began": time.perf_counter()}
+    t, clock = cfg.train, {"wall": choice.seconds if choice else 0.0, "began": time.perf_counter()}
     samples, mine, batches, evals, progress, loss = 0, 0, 0, [], 0.0, None
 
     def evaluate_now() -> bool:

@@ -103,12 +103,8 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
             log.say(tune.announce(train_ds.n_rows, cfg.train.batch_size))
         choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x), rates)
         if choice is not None:
-            if choice.kept_rank is not None:  # optim.keep_probe: every replica takes it
-                t_sent = time.perf_counter()
-                algo.setup(choice.kept_rank)
-                choice.kept_seconds = max(allgather(cluster.comm, time.perf_counter() - t_sent))
             algo.set_lr(choice.lr)
-            run.position.wall += choice.seconds + choice.kept_seconds
+            run.position.wall += choice.seconds
             log.say(choice.line())
         window = cfg.train.window_rows(cluster.size)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "

@@ -70,9 +70,6 @@ class LrChoice:
     rows: int              # rows a candidate trained
     held_out_rows: int
     seconds: float         # the probe's wall time on the slowest rank (charged to the clock)
-    kept: Optional[float] = None   # the candidate whose trained model starts training
-    kept_rank: Optional[int] = None  # the rank that trained it and sends it to the others
-    kept_seconds: float = 0.0      # sending it (the slowest rank's wall time; charged too)
 
     def record(self) -> dict:
         def short(v):
@@ -83,12 +80,9 @@ class LrChoice:
         tried = ", ".join(f"{c:g}: {l:.4f}/{p:.4f}" for c, l, p in
                           zip(self.candidates, self.losses, self.p_at_5))
         alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
-        start = ("" if self.kept is None else
-                 f"; training starts from {self.kept:g}'s model, sent by rank "
-                 f"{self.kept_rank} in {self.kept_seconds:.2f} s")
         return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of {self.held_out_rows} "
                 f"rows after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
-                f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock{start})")
+                f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
 def copies(variables: Sequence) -> list[np.ndarray]:
@@ -301,8 +295,7 @@ def pick(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[
 def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
            start_loss: Callable[[], float], rank: int, size: int,
            allgather: Callable[[object], list], optimizer: str,
-           speeds: Optional[Sequence[float]] = None,
-           keep: Optional[Callable[[set], None]] = None) -> LrChoice:
+           speeds: Optional[Sequence[float]] = None) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
     Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on
@@ -322,11 +315,6 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         optimizer: the optimizer's name, for the error message.
         speeds: every rank's standalone rows/s (the calibration's), the same list on every
             rank; None: the ranks take turns.
-        keep: called after each round's allgather with the rates (start x 2^j, as passed to
-            `try_rate`) that can still win: those within LOSS_SLACK of the lowest loss so far
-            (the lowest only falls, so a candidate outside it never returns). The caller may
-            forget what it holds of the others. With `keep`, the choice names the candidate
-            `best` took (`kept`, `kept_rank`), whose model the caller can start from.
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
@@ -352,8 +340,6 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         if finite and min(finite) >= start_loss * (1 - 1e-4):
             break  # nothing learns at any rate tried: no direction to search (`pick` says so)
         i = best(losses, [judged[j][1] for j in js])
-        if keep is not None:
-            keep({start * 2.0 ** js[k] for k in near_lowest(losses)})
         top = js[i] if i is not None else js[0]
         lo, hi = js[0], js[-1]
         if top == lo and lo > -MAX_DOUBLINGS:
@@ -368,60 +354,38 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
     losses = [judged[j][0] for j in js]
     p5s = [judged[j][1] for j in js]
-    choice = LrChoice(lr=pick(rates, losses, p5s, start_loss, optimizer), candidates=rates,
-                      losses=losses, p_at_5=p5s, start_loss=float(start_loss),
-                      ranks=[trained_by[j] for j in js], steps=PROBE_STEPS,
-                      rows=0, held_out_rows=0, seconds=seconds)
-    if keep is not None:
-        i = best(losses, p5s)
-        choice.kept, choice.kept_rank = rates[i], trained_by[js[i]]
-    return choice
+    return LrChoice(lr=pick(rates, losses, p5s, start_loss, optimizer), candidates=rates,
+                    losses=losses, p_at_5=p5s, start_loss=float(start_loss),
+                    ranks=[trained_by[j] for j in js], steps=PROBE_STEPS,
+                    rows=0, held_out_rows=0, seconds=seconds)
 
 
 def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..., object],
-           scores: Callable[..., tuple], lr, variables: Sequence, rank: int, size: int,
+           scores: Callable[..., tuple], lr, unchanged, rank: int, size: int,
            allgather: Callable[[object], list],
            speeds: Optional[Sequence[float]] = None) -> LrChoice:
     """`choose` with the probe's rows of `ds`: each candidate sets the rate variable `lr`,
     runs `step(*batch)` on the probe's batches (`make_batch`: rows -> batch) from the model as
-    it stands, is judged by `scores` on the held-out rows (`HeldOut`) and is put back: every
-    one of `variables` (tf.Variables: the model, the optimizer's state, `lr`) returns to the
-    start (`unchanged`). The project's algorithms (`probe`) and the plain Horovod script each
-    pass their own step, judge and variables.
-
-    With optim.keep_probe, each rank holds a host copy of `variables` for each of its
-    candidates that can still win (`choose`'s `keep`), and afterwards the rank that trained the
-    kept candidate (`LrChoice.kept_rank`) holds that candidate's trained `variables` in place
-    of the start; the caller sends them to the others (a broadcast from that rank)."""
+    it stands, is judged by `scores` on the held-out rows (`HeldOut`) and put back by the
+    restore function that the context manager `unchanged()` yields. The project's algorithms
+    (`probe`) and the plain Horovod script each pass their own step, judge and variables."""
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [make_batch(b) for b in probe_batches(train_rows)]
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
-    held_copies: dict[float, list] = {}
-    keep = None
-    if cfg.optim.keep_probe:
-        def keep(rates: set) -> None:
-            for r in [r for r in held_copies if r not in rates]:
-                del held_copies[r]
 
-    with unchanged(variables) as restore:
+    with unchanged() as restore:
         def try_rate(rate: float) -> tuple[float, float]:
             lr.assign(rate)
             for b in steps:
                 step(*b)
             judged = held(scores)
-            if keep is not None:
-                held_copies[rate] = copies(variables)
             restore()
             return judged
 
         choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
                         lambda: held.shared(scores, rank, size, allgather)[0],
-                        rank, size, allgather, cfg.optim.name, speeds, keep)
+                        rank, size, allgather, cfg.optim.name, speeds)
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
-    if choice.kept_rank == rank:
-        mine = [x for r, x in held_copies.items() if float(f"{r:.4g}") == choice.kept]
-        for v, x in zip(variables, mine[0]):
-            v.assign(x)
     return choice
 
 
@@ -435,5 +399,5 @@ def probe(algo, allgather: Callable[[object], list],
     if algo.cfg.optim.lr != "auto":
         return None
     return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
-                  algo.opt.lr, algo.state_variables(), algo.cluster.rank, algo.cluster.size,
-                  allgather, speeds)
+                  algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,
+                  speeds)

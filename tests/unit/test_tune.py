@@ -64,27 +64,6 @@ def test_the_search_goes_past_the_edges_and_stops_at_the_best():
     assert rounds == [[-1, 0, 1], [-2], [-3], [-4]]
 
 
-def test_the_candidates_held_for_keeping_are_those_that_can_still_win():
-    """choose's `keep` hears, after each round, the rates within LOSS_SLACK of the lowest loss so
-    far (a candidate outside never returns: the lowest only falls), the pick among them; the
-    choice names the candidate picked, also where the rate is the mean of two alike."""
-    heard = []
-
-    def judged(lr):  # losses lowest at 0.15; precision alike at 0.15 and 0.3
-        j = math.log2(lr / 0.3)
-        return 1.0 + 0.01 * (j + 1) ** 2, 0.5 if j in (-1.0, 0.0) else 0.1
-
-    c = tune.choose(0.3, judged, lambda: 100.0, rank=0, size=1, allgather=lambda x: [x],
-                    optimizer="adagrad", keep=heard.append)
-    rates = {0.3 * 2.0 ** j for j in (-1, 0, 1)}
-    assert heard and all(h <= rates | {0.3 * 2.0 ** j for j in range(-8, 9)} for h in heard)
-    assert heard[-1] == {0.3 * 2.0 ** j for j in (-2, -1, 0)}, heard  # 0.6: 4% above the lowest
-    assert c.lr == pytest.approx((0.15 * 0.3) ** 0.5, rel=1e-3)  # the mean of the two alike
-    assert c.kept == pytest.approx(0.15, rel=1e-3) and c.kept_rank == 0  # the lower loss's
-    assert tune.choose(0.3, judged, lambda: 100.0, rank=0, size=1, allgather=lambda x: [x],
-                       optimizer="adagrad").kept is None
-
-
 def test_a_rounds_candidates_go_to_the_ranks_that_finish_them_soonest():
     assert tune.split(4, [6750.0, 6826.0], 2) == [1, 0, 1, 0]  # alike: turns, the faster first
     assert tune.split(4, None, 2) == [0, 1, 0, 1]
@@ -236,40 +215,15 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
         return (float(w.x) - 16.0) ** 2 + 1.0, np.tile(np.arange(5), (len(rows), 1))
 
     cfg = SimpleNamespace(train=SimpleNamespace(batch_size=256, eval_memory_mb=64.0),
-                          optim=SimpleNamespace(name="sgd", keep_probe=False))
-    c = tune.search(cfg, ds, lambda rows: (rows,), step, scores, lr, [w, lr], 0, 1, lambda x: [x])
+                          optim=SimpleNamespace(name="sgd"))
+    c = tune.search(cfg, ds, lambda rows: (rows,), step, scores, lr, lambda: tune.unchanged([w, lr]),
+                    0, 1, lambda x: [x])
     judged = [(rate, at) for rate, at in seen if rate > 0]  # the start's judgement has rate 0
     assert len(judged) == len(c.candidates) >= 4, seen
     assert all(at == pytest.approx(tune.PROBE_STEPS * rate) for rate, at in judged), judged
     assert c.lr == pytest.approx(0.5, rel=1e-3)  # 32 steps of 0.5: w = 16
     assert float(w.x) == 0.0 and float(lr.x) == 0.0
     assert c.rows == tune.PROBE_STEPS * tune.PROBE_BATCH and c.held_out_rows == n // 4
-    assert c.kept is None and c.kept_rank is None
-    # optim.keep_probe: the rank that trained the pick ends holding that candidate's model
-    # (32 steps of 0.5 from 0: w = 16) and rate; a rank that did not train it, the start.
-    keep = SimpleNamespace(train=cfg.train, optim=SimpleNamespace(name="sgd", keep_probe=True))
-    slow = [1.0, 1e-9]  # rank 1 so slow that rank 0 trains every candidate (`split`)
-    rounds = []
-    for rank in (0, 1):  # two played ranks: rank 1 hears rank 0's judgements of each round
-        w.assign(0.0), lr.assign(0.0)
-        heard = []
-
-        def allgather(x, rank=rank, heard=heard):
-            if not isinstance(x, dict):
-                return [x, x]
-            if rank == 0:
-                rounds.append(x)
-                return [x, {}]
-            heard.append(x)
-            return [rounds[len(heard) - 1], x]
-        k = tune.search(keep, ds, lambda rows: (rows,), step, scores, lr, [w, lr], rank, 2,
-                        allgather, slow)
-        assert k.lr == pytest.approx(0.5, rel=1e-3) and k.kept == pytest.approx(0.5, rel=1e-3)
-        assert k.kept_rank == 0 and set(k.ranks) == {0}
-        if rank == 0:
-            assert float(w.x) == pytest.approx(16.0) and float(lr.x) == pytest.approx(0.5)
-        else:
-            assert float(w.x) == 0.0 and float(lr.x) == 0.0
     # The line said before the probe gives the sizes it used.
     said = tune.announce(n, 256)
     assert (f"each {tune.PROBE_STEPS} steps of {tune.PROBE_BATCH} rows" in said

@@ -54,10 +54,10 @@ class Adaptive(Algorithm):
             self.anchor = [tf.Variable(v, trainable=False) for v in self.variables]
             self.velocity = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
 
-    def setup(self, root: int = 0) -> None:
+    def setup(self) -> None:
         # Horovod: identical starting replicas; merges keep them identical afterwards.
-        broadcast_variables(self.variables, root)
-        broadcast_variables(self.opt.slot_variables(), root)
+        broadcast_variables(self.variables)
+        broadcast_variables(self.opt.slot_variables())
         self.merge.reset_anchor()
         # Replicas are equal now: a merge of every row changes nothing and pays the first use
         # of the merge's buffers before the clock starts.

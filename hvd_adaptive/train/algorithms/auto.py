@@ -56,9 +56,9 @@ class Auto(Algorithm):
         self.last_mode = "grad"
         self.counts = {m: 0 for m in MODES}
 
-    def setup(self, root: int = 0) -> None:
-        self.grad.setup(root)
-        self.avg.setup(root)
+    def setup(self) -> None:
+        self.grad.setup()
+        self.avg.setup()
 
     def trace(self) -> None:
         self.avg.trace()

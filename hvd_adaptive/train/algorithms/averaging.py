@@ -21,11 +21,9 @@ from hvd_adaptive.model.network import SparseMLP
 
 
 class _Averaging(Algorithm):
-    def setup(self, root: int = 0) -> None:
-        # Horovod: identical starting replicas, so averaging starts from a common point. The
-        # optimizer states differ by rank later; they start as root's (equal at construction).
-        broadcast_variables(self.variables, root)
-        broadcast_variables(self.opt.slot_variables(), root)
+    def setup(self) -> None:
+        # Horovod: identical starting replicas, so averaging starts from a common point.
+        broadcast_variables(self.variables)
 
     def train_local_share(self, w: Window) -> RoundStats:
         r, n, b = self.cluster.rank, self.cluster.size, self.cfg.train.batch_size
@@ -52,8 +50,8 @@ class LocalSGD(_Averaging):
         # Equal weights, plain average, only touched rows under merge.sparse (merge.py).
         self.merge = Merge(self.model, None, self.cfg.merge, False, self.cluster.comm)
 
-    def setup(self, root: int = 0) -> None:
-        super().setup(root)
+    def setup(self) -> None:
+        super().setup()
         self.merge.reset_anchor()
         self.merge.warm_up(1.0 / self.cluster.size)  # replicas are equal: changes nothing
 
@@ -92,8 +90,8 @@ class SMA(_Averaging):
 
         self._sma_merge = sma_merge
 
-    def setup(self, root: int = 0) -> None:
-        super().setup(root)
+    def setup(self) -> None:
+        super().setup()
         for z, r in zip(self.z, self.variables):
             z.assign(r)
         self._sma_merge()  # replicas equal the central model: a no-op that warms Horovod up

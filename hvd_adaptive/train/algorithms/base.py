@@ -275,23 +275,17 @@ class Algorithm:
         cores = self.hetero.quota.cores
         return max(seconds - comm_cpu_s / cores, (cpu_s - comm_cpu_s) / cores)
 
-    def state_variables(self) -> list:
-        """This rank's model, optimizer state and learning rate (tf.Variables)."""
-        return [*self.variables, *self.opt.slot_variables(), self.opt.lr]
-
     @contextmanager
     def unchanged(self) -> Iterator[Callable[[], None]]:
         """Steps run inside change nothing: model, optimizer state and learning rate are put
-        back afterwards (warm-up runs and calibration before the clock starts). Yields the
-        function that puts them back, for use in between."""
-        with unchanged(self.state_variables()) as restore:
+        back afterwards (warm-up runs and calibration before the clock starts, the probe of
+        optim.lr auto). Yields the function that puts them back, for use in between."""
+        with unchanged([*self.variables, *self.opt.slot_variables(), self.opt.lr]) as restore:
             yield restore
 
     # ---- interface -----------------------------------------------------------------------
-    def setup(self, root: int = 0) -> None:
-        """Called after construction on every rank (collectives allowed): every replica takes
-        rank `root`'s model and optimizer state. Called again with the rank that holds the
-        rate probe's kept model (optim.keep_probe) before training starts."""
+    def setup(self) -> None:
+        """Called once after construction on every rank (collectives allowed)."""
 
     def trace(self) -> None:
         """Traces the step functions before the clock starts, so tracing is not training time.

@@ -134,10 +134,7 @@ class Hogbatch(Algorithm):
     def step_functions(self) -> list:
         return [self._local_step, self._pull, self._deltas]
 
-    def setup(self, root: int = 0) -> None:
-        if root:  # the shared model is written from node rank 0's variables
-            broadcast_variables(self.variables, root)
-            broadcast_variables(self.opt.slot_variables(), root)
+    def setup(self) -> None:
         self.shared.initialize(self.variables)
         self._set_batch(self.b)
 

@@ -107,10 +107,10 @@ class Sync(Algorithm):
     def step_functions(self) -> list:
         return [self._local_step, self._fused if self.fused else self._gradient]
 
-    def setup(self, root: int = 0) -> None:
-        # Horovod: start every replica from rank root's weights so they stay identical.
-        broadcast_variables(self.variables, root)
-        broadcast_variables(self.opt.slot_variables(), root)
+    def setup(self) -> None:
+        # Horovod: start every replica from rank 0's weights so they stay identical.
+        broadcast_variables(self.variables)
+        broadcast_variables(self.opt.slot_variables())
         if self.sharded:
             self.sharded.setup()
 
