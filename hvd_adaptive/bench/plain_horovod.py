@@ -7,7 +7,7 @@ tf.Variables in a tf.Module (Keras 3 variables break Horovod 0.28), the project'
 (sparse input -> ReLU hidden layer(s) by gathering the input layer's rows -> softmax over every
 label, cross-entropy against the multi-hot labels normalized to sum 1; under model.output
 sampled, or auto at as many labels as the project takes it for, the softmax over the batch's
-labels and negatives drawn by TensorFlow's candidate samplers), TensorFlow's own
+labels and the drawn negatives), TensorFlow's own
 optimizer kernels, `hvd.DistributedGradientTape` (Average) around the loss, the whole step in
 one `tf.function`, rank 0's weights broadcast at start, and each rank taking its slice of a
 global batch of ranks x train.batch_size rows cut from the epoch's shuffle. Nothing runs per
@@ -19,7 +19,10 @@ the config file and `--set` overrides (the same data, rate, batch, seed and stop
 the project's runs), `optim.lr: auto`'s probe (`hvd_adaptive.train.tune`: its candidates, rows,
 rule and judge, run with this script's own step), the data as the project reads it
 (`hvd_adaptive.data`: the same bytes and the same epoch shuffles; a user would read the files
-with a loader of their own), the metric
+with a loader of their own), the sampled loss's negatives as the project draws them
+(`hvd_adaptive.model.negatives`: the same labels from the same seeds, so no contender
+trains on luckier draws; a user would call TensorFlow's candidate samplers, which draw from
+the same proposal), the metric
 code every contender is scored with (`hvd_adaptive.model.metrics`), and the project's CPU quota
 (`hvd_adaptive.train.hetero`, `hetero.mode: cpu_quota`): the one way a slower machine can be imposed
 on a script that knows nothing of heterogeneity, entered where the project enters it (after
@@ -56,6 +59,7 @@ from hvd_adaptive.train import tune
 from hvd_adaptive.config import ConfigError, load_config, output_for
 from hvd_adaptive.data import epoch_permutation, load_data, split_validation
 from hvd_adaptive.train.hetero import Heterogeneity, smallest_quota
+from hvd_adaptive.model.negatives import Negatives
 from hvd_adaptive.model.metrics import (finalize, inverse_propensities, metric_sums,
                                   most_frequent_label_p1, sum_names)
 
@@ -92,7 +96,7 @@ class Net(tf.Module):
     """The project's network and initialisation: Glorot-uniform kernels drawn in layer order
     from numpy's generator seeded by model.init_seed, zero biases."""
 
-    def __init__(self, n_features: int, n_labels: int, mcfg, label_freq=None):
+    def __init__(self, n_features: int, n_labels: int, mcfg, label_freq=None, stream: int = 0):
         super().__init__(name="plain_net")
         rng = np.random.default_rng(mcfg.init_seed)
         sizes = [n_features, *mcfg.hidden, n_labels]
@@ -105,9 +109,11 @@ class Net(tf.Module):
             last = len(self.kernels) == len(sizes) - 2
             self.kernels.append(tf.Variable(w.T.copy() if last and self.sampled else w))
             self.biases.append(tf.Variable(tf.zeros([b])))
-        # Negatives by label frequency: (training count + 1) ^ 0.75, TensorFlow's distortion.
-        self.unigrams = ([float(f) + 1.0 for f in label_freq]
-                         if self.sampled and mcfg.sampler == "frequency" else None)
+        # The project's negatives (its loss): by label frequency, (training count + 1) ^ 0.75,
+        # or uniform; drawn from (model.init_seed, a counter), this rank's stream.
+        self.drawer = (Negatives(n_labels, mcfg.negatives, mcfg.init_seed, stream,
+                                 label_freq if mcfg.sampler == "frequency" else None)
+                       if self.sampled else None)
         self.dropout = mcfg.dropout
         self.smoothing = mcfg.label_smoothing
         # kernel, bias of each layer, input layer first (the project's order, to compare and load)
@@ -145,24 +151,18 @@ class Net(tf.Module):
         return self.candidate_xent(ids, vals, seg, cand, corr, where, label_row, n)
 
     def candidates(self, labels):
-        """The batch's own labels (no correction), then model.negatives labels drawn once for
-        the batch without replacement, each with the log of its expected count (sampled
-        softmax's correction); a drawn label that is one of the batch's counts once, as the
-        batch's. Returns (candidates, corrections, each label's place among the candidates)."""
+        """The batch's own labels (no correction), then the negatives drawn once for the batch
+        (about model.negatives distinct labels), each with the log of its expected count
+        (sampled softmax's correction); a drawn label that is one of the batch's counts once,
+        as the batch's. Returns (candidates, corrections, each label's place among the
+        candidates)."""
         own, where = tf.unique(tf.cast(labels, tf.int64))
-        some = tf.zeros([1, 1], tf.int64)  # the samplers' true classes, unused
-        if self.unigrams is None:
-            drawn, _, expected = tf.random.uniform_candidate_sampler(
-                some, 1, self.negatives, unique=True, range_max=self.n_labels)
-        else:
-            drawn, _, expected = tf.random.fixed_unigram_candidate_sampler(
-                some, 1, self.negatives, unique=True, range_max=self.n_labels, distortion=0.75,
-                unigrams=self.unigrams)
+        drawn, log_expected = self.drawer.draw()
         # drawn labels not among the batch's: one lookup each in a mask over the labels
         mine = tf.scatter_nd(own[:, None], tf.ones(tf.shape(own), tf.int32), [self.n_labels])
         new = tf.equal(tf.gather(mine, drawn), 0)
         return (tf.concat([own, tf.boolean_mask(drawn, new)], 0),
-                tf.concat([tf.zeros(tf.shape(own)), tf.boolean_mask(tf.math.log(expected), new)], 0),
+                tf.concat([tf.zeros(tf.shape(own)), tf.boolean_mask(log_expected, new)], 0),
                 where)
 
     def candidate_xent(self, ids, vals, seg, cand, corr, where, label_row, n):
@@ -239,7 +239,7 @@ class PlainHorovod:
     """Model, optimizer and the Horovod step, built the same on every rank."""
 
     def __init__(self, cfg, n_features: int, n_labels: int, label_freq=None):
-        self.net = Net(n_features, n_labels, cfg.model, label_freq)
+        self.net = Net(n_features, n_labels, cfg.model, label_freq, stream=hvd.rank())
         out = len(self.net.ordered) - 2  # the output layer's kernel
         self.opt = Optimizer(cfg.optim, self.net.ordered, (0, out) if self.net.sampled else (0,))
         variables = self.net.ordered
@@ -274,7 +274,8 @@ class PlainHorovod:
     @contextmanager
     def unchanged(self):
         """Steps inside change nothing (tracing and timing before the clock)."""
-        with tune.unchanged([*self.net.ordered, *self.opt.slots, self.opt.lr]) as restore:
+        drawn = [self.net.drawer.count] if self.net.drawer is not None else []  # as the project
+        with tune.unchanged([*self.net.ordered, *self.opt.slots, self.opt.lr, *drawn]) as restore:
             yield restore
 
 
@@ -341,7 +342,8 @@ def choose_lr(plain: PlainHorovod, train, cfg, rates: list) -> Optional[tune.LrC
         return None
     choice = tune.search(cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out,
                          plain.opt.lr, plain.unchanged, hvd.rank(), hvd.size(),
-                         hvd.allgather_object, rates)
+                         hvd.allgather_object, rates,
+                         plain.net.drawer.restart if plain.net.drawer is not None else lambda s: None)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:
         print(choice.line(), flush=True)

@@ -14,6 +14,7 @@ from hvd_adaptive.tfload import tf
 
 from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
+from hvd_adaptive.model.negatives import Negatives
 
 # The step functions take a batch as these seven tensors (see hvd_adaptive.data.Batch).
 BATCH_SIGNATURE = (
@@ -113,7 +114,7 @@ class SparseMLP(tf.Module):
     """
 
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
-                 label_freq: Optional[np.ndarray] = None):
+                 label_freq: Optional[np.ndarray] = None, stream: int = 0):
         super().__init__(name="sparse_mlp")
         cfg = output_for(cfg, n_labels)  # model.output auto: full or sampled for this many labels
         rng = np.random.default_rng(cfg.init_seed)
@@ -139,11 +140,22 @@ class SparseMLP(tf.Module):
             raise ConfigError(f"model.negatives: {cfg.negatives} negatives need more than "
                               f"{cfg.negatives} labels, the data has {n_labels}; lower it or use "
                               "model.output: full")
-        self._unigrams = None
-        if self.sampled and cfg.sampler == "frequency":
-            if label_freq is None:
+        self.negatives = None
+        if self.sampled:
+            if cfg.sampler == "frequency" and label_freq is None:
                 raise ValueError("the frequency sampler needs the training label frequencies")
-            self._unigrams = [float(f) + 1.0 for f in np.asarray(label_freq)]
+            self.negatives = Negatives(n_labels, cfg.negatives, cfg.init_seed, stream,
+                                       None if cfg.sampler == "uniform" else label_freq)
+
+    def restart_draws(self, stream: int) -> None:
+        """`Negatives.restart` where the loss samples, else nothing."""
+        if self.negatives is not None:
+            self.negatives.restart(stream)
+
+    def random_state(self) -> list[tf.Variable]:
+        """The variables that fix the next random draws (the sampled loss's counter): put back
+        with the model where steps must not count (tune.unchanged)."""
+        return [] if self.negatives is None else [self.negatives.count]
 
     @property
     def variables_list(self) -> list[tf.Variable]:
@@ -228,25 +240,18 @@ class SparseMLP(tf.Module):
         return _softmax_xent(z, label_ids, label_seg, label_w, size), top
 
     def candidates(self, label_ids):
-        """The batch's candidate labels: its positives (always in, no correction) then
-        `negatives` labels drawn without replacement by TensorFlow's candidate sampler, each
-        with the correction log(expected count) that sampled softmax subtracts from its logit;
-        negatives that are positives of the batch are kept once, as positives.
+        """The batch's candidate labels: its positives (always in, no correction) then the
+        negatives `Negatives` draws, each with the correction log(expected count) that sampled
+        softmax subtracts from its logit; negatives that are positives of the batch are kept
+        once, as positives.
 
         Returns (candidates int64, corrections float32, position of each label_ids entry in
         candidates).
         """
         pos, label_pos = tf.unique(tf.cast(label_ids, tf.int64))
-        anyone = tf.zeros([1, 1], tf.int64)  # the samplers want true classes; unused here
-        m, n = self.cfg.negatives, self.n_labels
-        if self._unigrams is None:
-            neg, _, expected = tf.random.uniform_candidate_sampler(
-                anyone, 1, m, unique=True, range_max=n)
-        else:
-            neg, _, expected = tf.random.fixed_unigram_candidate_sampler(
-                anyone, 1, m, unique=True, range_max=n, distortion=0.75, unigrams=self._unigrams)
+        neg, log_expected = self.negatives.draw()
         both = tf.concat([pos, neg], 0)
-        corr = tf.concat([tf.zeros(tf.shape(pos), tf.float32), tf.math.log(expected)], 0)
+        corr = tf.concat([tf.zeros(tf.shape(pos), tf.float32), log_expected], 0)
         cand, where = tf.unique(both)  # positives first, in order, so label_pos stays valid
         first = tf.math.unsorted_segment_min(tf.range(tf.size(both)), where, tf.size(cand))
         return cand, tf.gather(corr, first), label_pos

@@ -15,10 +15,10 @@ from hvd_adaptive.train.hetero import Heterogeneity
 
 
 def build_model(cfg: Config, n_features: int, n_labels: int,
-                label_freq: Optional[np.ndarray] = None) -> SparseMLP:
+                label_freq: Optional[np.ndarray] = None, stream: int = 0) -> SparseMLP:
     """The network of `cfg.model` for data of this shape (label frequencies: the sampled output
-    layer's proposal)."""
-    return SparseMLP(n_features, n_labels, cfg.model, label_freq=label_freq)
+    layer's proposal; `stream`: the rank's stream of sampled negatives)."""
+    return SparseMLP(n_features, n_labels, cfg.model, label_freq=label_freq, stream=stream)
 
 
 def build_algorithm(cfg: Config, cluster: Cluster, train: Dataset,
@@ -38,7 +38,8 @@ def build_algorithm(cfg: Config, cluster: Cluster, train: Dataset,
     missing = unresolved(cfg)
     if missing:
         raise ValueError(f"build_algorithm needs a resolved config (config.resolve); unset: {missing}")
-    model = build_model(cfg, train.n_features, train.n_labels, train.label_frequencies())
+    model = build_model(cfg, train.n_features, train.n_labels, train.label_frequencies(),
+                        stream=cluster.rank)
     opt = Optimizer.for_model(model, cfg.optim)
     hetero = hetero if hetero is not None else Heterogeneity(cfg.hetero, cluster.rank)
     return algorithms.build(algorithms.Context(cfg, cluster, model, opt, train, hetero))

@@ -48,6 +48,10 @@ TOP_BLOCK = 256         # labels a block of `top_labels`
 # while its loss is further above the lowest than the best rate's (docs/benchmark.md).
 LOSS_SLACK = 0.025
 PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
+# The sampled loss's stream of negatives every candidate starts from, on whichever rank trains
+# it (model.network.Negatives; the ranks' own training streams are 0 .. ranks - 1): the
+# candidates are compared on the same draws, and a seed's probe draws alike in every run.
+PROBE_STREAM = 1 << 20
 # A neighbour of the pick (a doubling away) judges alike when its loss is within LOSS_SLACK of the
 # lowest and its P@5 within this fraction below the pick's. The probe cannot tell the two apart
 # then, and seeds split between them, while one of them can need far more rows to a target (the
@@ -363,12 +367,14 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
 def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..., object],
            scores: Callable[..., tuple], lr, unchanged, rank: int, size: int,
            allgather: Callable[[object], list],
-           speeds: Optional[Sequence[float]] = None) -> LrChoice:
+           speeds: Optional[Sequence[float]] = None,
+           restart_draws: Callable[[int], None] = lambda stream: None) -> LrChoice:
     """`choose` with the probe's rows of `ds`: each candidate sets the rate variable `lr`,
     runs `step(*batch)` on the probe's batches (`make_batch`: rows -> batch) from the model as
     it stands, is judged by `scores` on the held-out rows (`HeldOut`) and put back by the
-    restore function that the context manager `unchanged()` yields. The project's algorithms
-    (`probe`) and the plain Horovod script each pass their own step, judge and variables."""
+    restore function that the context manager `unchanged()` yields. Each candidate's random
+    draws start from PROBE_STREAM (`restart_draws`). The project's algorithms (`probe`) and the
+    plain Horovod script each pass their own step, judge and variables."""
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [make_batch(b) for b in probe_batches(train_rows)]
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
@@ -376,6 +382,7 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     with unchanged() as restore:
         def try_rate(rate: float) -> tuple[float, float]:
             lr.assign(rate)
+            restart_draws(PROBE_STREAM)
             for b in steps:
                 step(*b)
             judged = held(scores)
@@ -400,4 +407,4 @@ def probe(algo, allgather: Callable[[object], list],
         return None
     return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
                   algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,
-                  speeds)
+                  speeds, algo.model.restart_draws)

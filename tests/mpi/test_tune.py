@@ -70,6 +70,29 @@ def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_scri
         assert ranks.count(1) >= 1 and ranks.count(0) >= ranks.count(1) + 2, (who, ranks)
 
 
+def test_under_the_sampled_loss_every_candidate_draws_the_same_negatives_on_any_rank(tmp_path):
+    """model.output sampled: each candidate of the probe starts from one stream of negatives
+    (tune.PROBE_STREAM), whichever rank trains it, so 1 rank and 2 ranks judge every candidate
+    they both tried alike, and choose alike."""
+    sets = ("model.output=sampled", "model.negatives=20", "train.threads=1", *ADAGRAD)
+    choices = {}
+    for n in (1, 2):
+        p = mpirun(n, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
+                       "--run-dir", str(tmp_path / f"r{n}"), *[x for s in sets for x in ("--set", s)]],
+                   timeout=180)
+        assert p.returncode == 0, explain(p)
+        choices[n] = records(tmp_path / f"r{n}", "start")[0]["lr_choice"]
+    one, two = choices[1], choices[2]
+    assert set(two["ranks"]) == {0, 1}, two  # both ranks trained candidates
+    both = [c for c in one["candidates"] if c in two["candidates"]]
+    assert len(both) >= 3, (one, two)
+    for c in both:
+        i, j = one["candidates"].index(c), two["candidates"].index(c)
+        assert two["losses"][j] == pytest.approx(one["losses"][i], rel=1e-5), (c, one, two)
+        assert two["p_at_5"][j] == pytest.approx(one["p_at_5"][i], abs=1e-6), (c, one, two)
+    assert one["lr"] == two["lr"]
+
+
 def test_a_pinned_rate_is_used_as_given_without_a_probe(tmp_path):
     train(2, tmp_path / "run", "optim.name=rowwise_adagrad", "optim.lr=0.07", "train.epochs=1")
     start = records(tmp_path / "run", "start")[0]

@@ -1,4 +1,6 @@
 """The sparse model: loss against numpy, gradient against finite differences, lazy updates."""
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -202,9 +204,60 @@ def test_candidates_hold_the_positives_first_and_the_negatives(sampler):
     cand, corr, pos = cand.numpy(), corr.numpy(), pos.numpy()
     assert cand[:3].tolist() == [7, 3, 21] and len(set(cand.tolist())) == len(cand)
     assert cand[pos].tolist() == [7, 3, 7, 21]
-    assert 10 <= len(cand) <= 13  # 10 distinct negatives, some of which may be positives
+    assert 4 <= len(cand) <= 3 + m.negatives.tries  # about 10 distinct negatives, some positives
     np.testing.assert_array_equal(corr[:3], 0.0)
     assert np.all(corr[3:] < 0)  # log of an expected count under 1
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "frequency"])
+def test_the_negatives_are_drawn_as_their_corrections_say(sampler):
+    """Negatives: `tries` draws with replacement from the proposal, kept once each, give
+    model.negatives distinct labels on average, and each label is among them as often as its
+    correction says (exp: the probability of being drawn at least once)."""
+    m = sampled_model(n_labels=40, negatives=10, sampler=sampler)
+    neg = m.negatives
+    p_in = np.exp(neg.log_expected.numpy())
+    # draws_for: 10 distinct expected; `tries`, a whole number of draws, moves it by under one
+    assert abs(p_in.sum() - 10.0) < 0.3
+    if sampler == "uniform":  # 1 - (1 - 1/40)^T = 10/40
+        assert neg.tries == round(np.log(1 - 10 / 40) / np.log(1 - 1 / 40))
+    else:  # (count + 1)^0.75 of the training counts 40 .. 1: label 0 most often
+        assert p_in[0] == p_in.max() and p_in[-1] == p_in.min() and p_in[0] > 2 * p_in[-1]
+    n = 4000
+    seen = np.zeros(40)
+    sizes = []
+    for _ in range(n):
+        labels, corr = neg.draw()
+        labels = labels.numpy()
+        assert len(set(labels.tolist())) == len(labels)
+        np.testing.assert_allclose(corr.numpy(), np.log(p_in[labels]), rtol=1e-6)
+        seen[labels] += 1
+        sizes.append(len(labels))
+    assert np.mean(sizes) == pytest.approx(p_in.sum(), abs=0.15)
+    sd = np.sqrt(n * p_in * (1 - p_in))
+    assert np.all(np.abs(seen - n * p_in) < 5 * sd), (seen / n, p_in)
+
+
+def test_a_runs_negatives_are_fixed_by_its_seed_and_put_back_with_the_model():
+    """The draws are stateless from (model.init_seed, a counter): the same seed and stream draw
+    the same labels; another rank's stream or seed others; putting the counter back
+    (tune.unchanged, as the rate probe does for each candidate) draws the same again."""
+    from hvd_adaptive.train.tune import unchanged
+
+    def draws(model, k=5):
+        return [model.negatives.draw()[0].numpy().tolist() for _ in range(k)]
+
+    cfg = ModelConfig(hidden=[5], init_seed=4, output="sampled", negatives=10)
+    a, b = SparseMLP(6, 400, cfg), SparseMLP(6, 400, cfg)
+    first = draws(a)
+    assert first == draws(b)
+    assert first != draws(SparseMLP(6, 400, cfg, stream=1))
+    assert first != draws(SparseMLP(6, 400, dataclasses.replace(cfg, init_seed=5)))
+    assert len({tuple(x) for x in first}) == 5  # each batch its own
+    with unchanged(a.random_state()):
+        again = draws(a)
+    assert again == draws(a) and again != first  # put back: the next draws repeat
+    assert SparseMLP(6, 4, ModelConfig(hidden=[5])).random_state() == []  # full softmax
 
 
 def test_sampled_gradient_is_row_sparse_and_matches_finite_differences():

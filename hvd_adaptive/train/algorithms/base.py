@@ -277,10 +277,12 @@ class Algorithm:
 
     @contextmanager
     def unchanged(self) -> Iterator[Callable[[], None]]:
-        """Steps run inside change nothing: model, optimizer state and learning rate are put
-        back afterwards (warm-up runs and calibration before the clock starts, the probe of
-        optim.lr auto). Yields the function that puts them back, for use in between."""
-        with unchanged([*self.variables, *self.opt.slot_variables(), self.opt.lr]) as restore:
+        """Steps run inside change nothing: model, optimizer state, learning rate and the
+        sampled loss's draw counter are put back afterwards (warm-up runs and calibration
+        before the clock starts, the probe of optim.lr auto, whose candidates so draw the
+        same negatives). Yields the function that puts them back, for use in between."""
+        with unchanged([*self.variables, *self.opt.slot_variables(), self.opt.lr,
+                        *self.model.random_state()]) as restore:
             yield restore
 
     # ---- interface -----------------------------------------------------------------------

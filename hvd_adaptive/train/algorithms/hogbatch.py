@@ -78,7 +78,7 @@ class Hogbatch(Algorithm):
             # Untested here (no GPU on these machines).
             with tf.device(self.worker_device):
                 model = SparseMLP(ctx.model.n_features, ctx.model.n_labels, cfg.model,
-                                  label_freq=ctx.train.label_frequencies())
+                                  label_freq=ctx.train.label_frequencies(), stream=cluster.rank)
                 opt = Optimizer.for_model(model, cfg.optim)
                 ctx = dataclasses.replace(ctx, model=model, opt=opt)
         super().__init__(ctx)

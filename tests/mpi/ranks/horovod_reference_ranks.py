@@ -39,11 +39,11 @@ STEPS = 8
 
 
 def check_sampled(case: str, cfg, c, train, algo, plain) -> None:
-    """The sampled loss, whose negatives each side draws for itself: on the candidates the
-    project draws, the plain script's loss and every gradient equal the project's; the plain
-    script's own candidates are the batch's labels first, then drawn labels that are not among
-    them (by label frequency), corrected by the log of their expected counts (none for the
-    batch's); and its Horovod step trains on them."""
+    """The sampled loss: on the candidates the project draws, the plain script's loss and every
+    gradient equal the project's; the plain script draws its own candidates, the batch's labels
+    first, then drawn labels that are not among them (by label frequency), corrected by the log
+    of their expected counts (none for the batch's), and from the same stream of draws they are
+    the project's; its Horovod step trains on them."""
     model = algo.model
     rows = np.arange(c.rank * 8, c.rank * 8 + 8)  # few: the step must leave some output rows alone
     ids, vals, seg, labels, label_row, n = plain_horovod.batch(train, rows)
@@ -58,6 +58,11 @@ def check_sampled(case: str, cfg, c, train, algo, plain) -> None:
         np.testing.assert_allclose(gb.numpy(), ga.numpy(), rtol=1e-4, atol=1e-7,
                                    err_msg=f"variable {i}: the sampled loss's gradient differs")
     own = np.unique(labels)
+    for drawer in (model.negatives, plain.net.drawer):  # the same stream: the same draws
+        drawer.restart(5)
+    same = [[t.numpy() for t in m.candidates(labels)] for m in (model, plain.net)]
+    for a, b in zip(*same):
+        np.testing.assert_array_equal(a, b, err_msg="the plain script drew other candidates")
     mine, mcorr, where = (t.numpy() for t in plain.net.candidates(labels))
     assert sorted(mine[:len(own)]) == sorted(own) and (mine[where] == labels).all()
     assert len(set(mine)) == len(mine) and len(own) < len(mine) <= len(own) + cfg.model.negatives
