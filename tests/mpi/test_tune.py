@@ -9,7 +9,7 @@ import pytest
 
 from hvd_adaptive.data import preset, synth_to_files
 from hvd_adaptive.train import tune
-from tests.harness.mpirun import explain, mpirun, records, train
+from tests.harness.mpirun import explain, mpirun, records, train, train_many
 
 ADAGRAD = ("optim.name=rowwise_adagrad", "optim.lr=auto")
 
@@ -91,6 +91,18 @@ def test_under_the_sampled_loss_every_candidate_draws_the_same_negatives_on_any_
         assert two["losses"][j] == pytest.approx(one["losses"][i], rel=1e-5), (c, one, two)
         assert two["p_at_5"][j] == pytest.approx(one["p_at_5"][i], abs=1e-6), (c, one, two)
     assert one["lr"] == two["lr"]
+
+
+def test_a_sampled_loss_run_is_fixed_by_its_seeds(tmp_path):
+    """Two sync runs of the same seeds under the sampled loss train the same model: the draws
+    come from the seeds, and the calibration's steps (as many as fit its seconds) and the
+    probe's put the draw counter back with the model."""
+    sets = ("model.output=sampled", "model.negatives=20", "train.threads=1",
+            "train.algorithm=sync", "train.epochs=1", "train.calibrate_s=0.3", *ADAGRAD)
+    runs = train_many(2, {"a": (tmp_path / "a", sets), "b": (tmp_path / "b", sets)})
+    a, b = (runs[k]["replica_fingerprints"] for k in ("a", "b"))
+    assert a == pytest.approx(b, rel=1e-6), (a, b)
+    assert runs["a"]["final"]["p_at_1"] == runs["b"]["final"]["p_at_1"]
 
 
 def test_a_pinned_rate_is_used_as_given_without_a_probe(tmp_path):
