@@ -127,7 +127,8 @@ class ModelConfig:
     plus this spread evenly over every label (output: full). Off by default: on PyPI it did not
     raise P@1 (docs/accuracy.md). Evaluation and optim.lr auto's judge use the plain target."""
     init_seed: int = 1
-    """Seed of the initial weights (identical on every rank)."""
+    """Seed of the initial weights (identical on every rank) and of the sampled loss's
+    negatives (each rank its own stream; hvd_adaptive.model.negatives)."""
     output: Literal["auto", "full", "sampled"] = "auto"
     """Output layer loss. full: softmax over every label (cost: batch x labels x hidden a step).
     sampled: softmax over a candidate set per batch, the batch's positive labels plus
@@ -137,7 +138,8 @@ class ModelConfig:
     auto: sampled with negatives by frequency from SAMPLED_FROM_LABELS labels on (without
     label smoothing), else full (`output_for`; docs/scale.md)."""
     negatives: int = 4096
-    """sampled: negatives drawn per batch (without replacement; positives are always in)."""
+    """sampled: distinct negatives expected per batch (drawn with replacement, each kept once;
+    positives are always in)."""
     sampler: Literal["uniform", "frequency"] = "uniform"
     """sampled: uniform over labels, or proportional to (training frequency + 1) ^ 0.75."""
 
