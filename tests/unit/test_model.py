@@ -221,7 +221,9 @@ def test_the_negatives_are_drawn_as_their_corrections_say(sampler):
     assert abs(p_in.sum() - 10.0) < 0.3
     if sampler == "uniform":  # 1 - (1 - 1/40)^T = 10/40
         assert neg.tries == round(np.log(1 - 10 / 40) / np.log(1 - 1 / 40))
-    else:  # (count + 1)^0.75 of the training counts 40 .. 1: label 0 most often
+    else:  # TensorFlow's frequency proposal: (count + 1)^0.75 of the training counts 40 .. 1
+        w = (np.arange(40, 0, -1) + 1.0) ** 0.75
+        np.testing.assert_allclose(p_in, -np.expm1(neg.tries * np.log1p(-w / w.sum())), rtol=1e-5)
         assert p_in[0] == p_in.max() and p_in[-1] == p_in.min() and p_in[0] > 2 * p_in[-1]
     n = 4000
     seen = np.zeros(40)
