@@ -101,7 +101,7 @@ class Net(tf.Module):
         rng = np.random.default_rng(mcfg.init_seed)
         sizes = [n_features, *mcfg.hidden, n_labels]
         # The sampled loss gathers the output layer's rows: it is stored [labels x hidden].
-        self.sampled, self.negatives, self.n_labels = mcfg.output == "sampled", mcfg.negatives, n_labels
+        self.sampled, self.n_labels = mcfg.output == "sampled", n_labels
         self.kernels, self.biases = [], []
         for a, b in zip(sizes[:-1], sizes[1:]):
             limit = math.sqrt(6.0 / (a + b))

@@ -49,7 +49,7 @@ TOP_BLOCK = 256         # labels a block of `top_labels`
 LOSS_SLACK = 0.025
 PROBE_SEED = 7919       # the probe's rows: a permutation of its own, the same on every rank
 # The sampled loss's stream of negatives every candidate starts from, on whichever rank trains
-# it (model.network.Negatives; the ranks' own training streams are 0 .. ranks - 1): the
+# it (model.negatives.Negatives; the ranks' own training streams are 0 .. ranks - 1): the
 # candidates are compared on the same draws, and a seed's probe draws alike in every run.
 PROBE_STREAM = 1 << 20
 # A neighbour of the pick (a doubling away) judges alike when its loss is within LOSS_SLACK of the
