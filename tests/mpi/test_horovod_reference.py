@@ -102,6 +102,19 @@ def test_both_are_evaluated_at_the_same_rows(tmp_path):
     assert ours == theirs
 
 
+def test_under_the_sampled_loss_both_draw_alike_and_train_alike(tmp_path):
+    """From the same seeds the plain script draws the project's negatives, batch by batch
+    (hvd_adaptive.model.negatives), its calibration's steps (as many as fit their seconds)
+    put back like the project's, so the two runs' evaluations agree."""
+    sets = ("model.output=sampled", "model.negatives=20", "train.threads=1", "train.epochs=1",
+            "train.eval_every=0.25", "train.calibrate_s=0.3")
+    plain(tmp_path / "plain", *sets)
+    train(2, tmp_path / "sync", *sets)
+    ours = [(e["samples"], e["p_at_1"], e["p_at_5"]) for e in records(tmp_path / "plain", "eval")]
+    theirs = [(e["samples"], e["p_at_1"], e["p_at_5"]) for e in records(tmp_path / "sync", "eval")]
+    assert len(ours) == 4 and ours == theirs, (ours, theirs)
+
+
 def test_a_cpu_quota_reaches_the_plain_script_and_sleep_mode_is_refused(tmp_path):
     """The project's quota (hetero.mode: cpu_quota) on rank 1's whole process: its cgroup holds
     half a core (one thread, 2x), and its standalone speed drops about as much."""
