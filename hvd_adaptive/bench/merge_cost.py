@@ -67,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = a.dtypes or [cfg.merge.dtype]
     rng = np.random.default_rng(c.rank)
     with tf.device(c.device):
-        model = build_model(cfg, spec.n_features, spec.n_labels)
+        # The sampled loss's frequency sampler needs label counts; the merge's cost does not
+        # depend on them, so every label counts once.
+        model = build_model(cfg, spec.n_features, spec.n_labels,
+                            label_freq=np.ones(spec.n_labels, np.int64))
         merges = {d: Merge(model, None, dataclasses.replace(cfg.merge, sparse=sparse, dtype=d),
                            sparse, c.comm, label_norm=sparse) for d in dtypes}
         weight = (1.0 + c.rank) / (c.size * (c.size + 1) / 2)  # unequal, summing to 1 over ranks
