@@ -5,7 +5,7 @@ rows it did not train: the highest precision at 5 wins among the candidates whos
 is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours judges alike the
 rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2
 around a centre taken from the data (`centre`), and the search goes on past the lowest or
-highest rate while the pick is there (`choose`). The ranks share each round's candidates by their measured speeds
+highest rate while the pick is there and its neighbour does not judge alike (`choose`). The ranks share each round's candidates by their measured speeds
 (`split`), and every rank takes the same choice from one allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
@@ -261,17 +261,23 @@ def best(losses: Sequence[float], p_at_5: Sequence[float]) -> Optional[int]:
     return max(near, key=lambda i: (p_at_5[i], -losses[i])) if near else None
 
 
+def alike_neighbours(losses: Sequence[float], p_at_5: Sequence[float], i: int) -> tuple[bool, bool]:
+    """Whether the candidate below and the one above index `i` (ascending rates) judge alike
+    with it: a loss in `near_lowest` and a precision at 5 within TIE_BAND below i's."""
+    near = near_lowest(losses)
+
+    def alike(j: int) -> bool:
+        return 0 <= j < len(losses) and j in near and p_at_5[j] >= p_at_5[i] * (1 - TIE_BAND)
+
+    return alike(i - 1), alike(i + 1)
+
+
 def settle(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
            i: int) -> float:
     """The rate for `best`'s index `i` of `candidates` (ascending, a doubling apart): the
     geometric mean of it and its neighbour when exactly one neighbour judges alike (TIE_BAND),
     else candidates[i]."""
-    near = near_lowest(losses)
-
-    def alike(j: int) -> bool:
-        return j in near and p_at_5[j] >= p_at_5[i] * (1 - TIE_BAND)
-
-    below, above = alike(i - 1), alike(i + 1)
+    below, above = alike_neighbours(losses, p_at_5, i)
     if below == above:
         return candidates[i]
     j = i - 1 if below else i + 1
@@ -302,10 +308,12 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
            speeds: Optional[Sequence[float]] = None) -> LrChoice:
     """The search every rank runs together; returns the choice every rank makes.
 
-    Rounds of candidates `start` x 2^j: first j = -1, 0, 1 on one or three ranks, -2 to 1 on
-    two or four (a multiple of the ranks, centred, one more below on even counts); while `best`
-    is the lowest or highest rate tried, the next round goes further that way, as many
-    candidates as ranks, at most MAX_DOUBLINGS from `start`. `split` gives each rank its
+    Rounds of candidates `start` x 2^j: first j = -1, 0 on one or two ranks, -1, 0, 1 on
+    three, -2 to 1 on four (as many as the ranks, at least two, centred, one more below on
+    even counts); while `best` is the lowest or highest rate tried, the next round goes
+    further that way, as many candidates as ranks, at most MAX_DOUBLINGS from `start`, unless
+    its one neighbour judges alike (`alike_neighbours`): the two then bracket the best rate,
+    which `settle` puts between them. `split` gives each rank its
     candidates of a round by the ranks' speeds; one allgather a round shares the judgements.
 
     Args:
@@ -322,10 +330,12 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
-    # At least 3 candidates, and a multiple of the ranks so that alike ranks do not idle in the
-    # first round: 2 ranks try 4, the fourth a doubling below the rest (where the best rate lay
-    # on the Delicious-shaped rows; docs/benchmark.md).
-    width = size * math.ceil(3 / size)
+    # As many candidates as ranks, so that alike ranks do not idle in the first round, and at
+    # least two, a doubling apart: a pair judged alike ends the search in one round (the
+    # sampled loss at 67,009 labels, PyPI; docs/benchmark.md), where a third candidate cost
+    # a second candidate's time on one or two ranks. On even counts the extra one lies below
+    # (where the best rate lay on the Delicious-shaped rows).
+    width = max(2, size)
     todo = [j - width // 2 for j in range(width)]
     judged: dict[int, tuple[float, float]] = {}
     trained_by: dict[int, int] = {}
@@ -343,12 +353,14 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         finite = [l for l in losses if math.isfinite(l)]
         if finite and min(finite) >= start_loss * (1 - 1e-4):
             break  # nothing learns at any rate tried: no direction to search (`pick` says so)
-        i = best(losses, [judged[j][1] for j in js])
+        p5s = [judged[j][1] for j in js]
+        i = best(losses, p5s)
         top = js[i] if i is not None else js[0]
         lo, hi = js[0], js[-1]
-        if top == lo and lo > -MAX_DOUBLINGS:
+        below, above = alike_neighbours(losses, p5s, i) if i is not None else (False, False)
+        if top == lo and lo > -MAX_DOUBLINGS and not above:
             todo = [lo - 1 - k for k in range(size) if lo - 1 - k >= -MAX_DOUBLINGS]
-        elif top == hi and hi < MAX_DOUBLINGS and finite:
+        elif top == hi and hi < MAX_DOUBLINGS and finite and not below:
             todo = [hi + 1 + k for k in range(size) if hi + 1 + k <= MAX_DOUBLINGS]
         else:
             todo = []

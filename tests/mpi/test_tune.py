@@ -20,11 +20,14 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
     start = records(tmp_path / "run", "start")[0]
     choice = start["lr_choice"]
     assert start["lr"] == choice["lr"]
-    assert len(choice["candidates"]) >= 3 and choice["candidates"] == sorted(choice["candidates"])
+    assert len(choice["candidates"]) >= 2 and choice["candidates"] == sorted(choice["candidates"])
     ratios = np.array(choice["candidates"][1:]) / np.array(choice["candidates"][:-1])
     assert ratios == pytest.approx(2.0, rel=1e-3), choice  # powers of 2 around the centre
     best = tune.best(choice["losses"], choice["p_at_5"])
-    assert 0 < best < len(choice["candidates"]) - 1, "the search goes on past an edge"
+    below, above = tune.alike_neighbours(choice["losses"], choice["p_at_5"], best)
+    # the search goes on past an edge unless the edge's neighbour judges alike (a bracket)
+    assert (0 < best < len(choice["candidates"]) - 1 or (best == 0 and above)
+            or (best == len(choice["candidates"]) - 1 and below)), choice
     assert all(math.isfinite(l) for l in choice["losses"]), choice  # each rank tried its share
     assert min(choice["losses"]) < choice["start_loss"]
     assert choice["lr"] == tune.pick(choice["candidates"], choice["losses"], choice["p_at_5"],
@@ -49,9 +52,10 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
 
 
 def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_script(tmp_path):
-    """Rank 1 under a quota 2.25x slower: the candidates go by the calibrated speeds, 3 of the
-    first round's 4 to rank 0 (tune.split), in the project's probe and in the plain script's."""
-    slow = ("hetero.mode=cpu_quota", "hetero.slowdown={1: 2.25}", "train.threads=1",
+    """Rank 1 under a quota 3x slower: the candidates go by the calibrated speeds (tune.split),
+    in the project's probe and in the plain script's: each round's two go to rank 0, which
+    trains both in less time than rank 1 would take for one (turns would give rank 1 one)."""
+    slow = ("hetero.mode=cpu_quota", "hetero.slowdown={1: 3.0}", "train.threads=1",
             "train.calibrate_s=1.0", *ADAGRAD)
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
                    "--run-dir", str(tmp_path / "project"), *[x for s in slow for x in ("--set", s)]],
@@ -64,10 +68,9 @@ def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_scri
     for who in ("project", "plain"):
         start = records(tmp_path / who, "start")[0]
         fast, slower = start["standalone_rates"]
-        assert 1.5 < fast / slower < 4.0, (who, start["standalone_rates"])  # split's 3-and-1 range
+        assert 2.2 < fast / slower < 5.0, (who, start["standalone_rates"])  # above split's 2
         ranks = start["lr_choice"]["ranks"]
-        # The first round: 3 and 1; a later round's 2 candidates go 2 and 0, or 1 and 1.
-        assert ranks.count(1) >= 1 and ranks.count(0) >= ranks.count(1) + 2, (who, ranks)
+        assert ranks and set(ranks) == {0}, (who, ranks)
 
 
 def test_under_the_sampled_loss_every_candidate_draws_the_same_negatives_on_any_rank(tmp_path):
@@ -85,7 +88,7 @@ def test_under_the_sampled_loss_every_candidate_draws_the_same_negatives_on_any_
     one, two = choices[1], choices[2]
     assert set(two["ranks"]) == {0, 1}, two  # both ranks trained candidates
     both = [c for c in one["candidates"] if c in two["candidates"]]
-    assert len(both) >= 3, (one, two)
+    assert len(both) >= 2, (one, two)
     for c in both:
         i, j = one["candidates"].index(c), two["candidates"].index(c)
         assert two["losses"][j] == pytest.approx(one["losses"][i], rel=1e-5), (c, one, two)
@@ -163,7 +166,7 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
     p = _tune(tmp_path, "nolabels", *_files(tmp_path, 1.0, labels=False))
     assert p.returncode != 0
     assert re.search(r"optim.lr=auto: no candidate rate of rowwise_adagrad learned in the probe "
-                     r"\(held-out loss from 0 to (?:[0-9.]+: 0, ){3}[0-9.]+: 0\); check that "
+                     r"\(held-out loss from 0 to [0-9.]+: 0, [0-9.]+: 0\); check that "
                      r"the training rows have labels", p.stdout + p.stderr), explain(p)
 
 
