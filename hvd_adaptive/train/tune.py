@@ -5,7 +5,8 @@ rows it did not train: the highest precision at 5 wins among the candidates whos
 is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours judges alike the
 rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2
 around a centre taken from the data (`centre`), and the search goes on past the lowest or
-highest rate while the pick is there and its neighbour does not judge alike (`choose`). The ranks share each round's candidates by their measured speeds
+highest rate while the pick is there and does not bracket the best with its neighbour
+(`choose`, `brackets`). The ranks share each round's candidates by their measured speeds
 (`split`), and every rank takes the same choice from one allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
@@ -58,6 +59,11 @@ PROBE_STREAM = 1 << 20
 # sampled loss at 67,009 labels: 0.05 and 0.1, 1.7x; docs/benchmark.md): their geometric mean is
 # within half a doubling of the better one.
 TIE_BAND = 0.03
+# Two neighbours judged alike end the search at an edge (`choose`) only where their losses
+# differ by at most this share of the gain from the start (`brackets`). Where they bracketed
+# the best rate (0.0506 and 0.1012 at 67,009 labels, from 11.11 to 7.48 and 7.45) they differed
+# by 1% of it; with the loss falling in proportion to the rate, by half.
+BRACKET_SHARE = 0.2
 
 
 @dataclass
@@ -272,6 +278,21 @@ def alike_neighbours(losses: Sequence[float], p_at_5: Sequence[float], i: int) -
     return alike(i - 1), alike(i + 1)
 
 
+def brackets(losses: Sequence[float], p_at_5: Sequence[float], i: int,
+             start_loss: float) -> tuple[bool, bool]:
+    """`alike_neighbours` of index `i`, each only where the two losses also differ by at most
+    BRACKET_SHARE of what the lower one gained from `start_loss`: a pair that brackets the
+    best rate, where the loss is flat. Far below the best rate a step's gain grows with the
+    rate, so two rates a doubling apart can be alike within LOSS_SLACK while the larger
+    gained about twice as much: the search goes on there."""
+    def flat(j: int) -> bool:
+        gain = start_loss - min(losses[i], losses[j])
+        return abs(losses[i] - losses[j]) <= BRACKET_SHARE * gain
+
+    below, above = alike_neighbours(losses, p_at_5, i)
+    return below and flat(i - 1), above and flat(i + 1)
+
+
 def settle(candidates: Sequence[float], losses: Sequence[float], p_at_5: Sequence[float],
            i: int) -> float:
     """The rate for `best`'s index `i` of `candidates` (ascending, a doubling apart): the
@@ -312,8 +333,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     three, -2 to 1 on four (as many as the ranks, at least two, centred, one more below on
     even counts); while `best` is the lowest or highest rate tried, the next round goes
     further that way, as many candidates as ranks, at most MAX_DOUBLINGS from `start`, unless
-    its one neighbour judges alike (`alike_neighbours`): the two then bracket the best rate,
-    which `settle` puts between them. `split` gives each rank its
+    its one neighbour judges alike where the loss is flat (`brackets`): the two then bracket
+    the best rate, which `settle` puts between them. `split` gives each rank its
     candidates of a round by the ranks' speeds; one allgather a round shares the judgements.
 
     Args:
@@ -357,7 +378,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         i = best(losses, p5s)
         top = js[i] if i is not None else js[0]
         lo, hi = js[0], js[-1]
-        below, above = alike_neighbours(losses, p5s, i) if i is not None else (False, False)
+        below, above = (brackets(losses, p5s, i, start_loss) if i is not None
+                        else (False, False))
         if top == lo and lo > -MAX_DOUBLINGS and not above:
             todo = [lo - 1 - k for k in range(size) if lo - 1 - k >= -MAX_DOUBLINGS]
         elif top == hi and hi < MAX_DOUBLINGS and finite and not below:

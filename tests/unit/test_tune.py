@@ -88,6 +88,22 @@ def test_a_pick_at_the_edge_whose_neighbour_judges_alike_ends_the_search(size):
     assert c.lr == pytest.approx(0.3 / math.sqrt(2), rel=1e-3)
 
 
+def test_two_small_rates_alike_within_the_slack_do_not_end_the_search_where_the_loss_falls():
+    """Far below the best rate the loss falls in proportion to the rate: 0.15 and 0.3 judge
+    alike (losses 1% apart, P@5 equal) but the larger gained twice what the smaller did, so
+    they do not bracket the best (BRACKET_SHARE) and the search goes on up to 2.4."""
+    def judged(lr):
+        x = lr / 0.3
+        return 10.0 - 0.2 * (x if x <= 8 else 16 - x), 0.1
+
+    c = tune.choose(0.3, judged, lambda: 10.0, rank=0, size=1, allgather=lambda x: [x],
+                    optimizer="adagrad")
+    assert tune.alike_neighbours([9.9, 9.8], [0.1, 0.1], 1) == (True, False)
+    assert tune.brackets([9.9, 9.8], [0.1, 0.1], 1, 10.0) == (False, False)
+    assert c.lr == pytest.approx(2.4, rel=1e-3), c
+    assert c.candidates == pytest.approx([0.3 * 2.0 ** j for j in range(-1, 5)], rel=1e-3)
+
+
 def test_a_rounds_candidates_go_to_the_ranks_that_finish_them_soonest():
     assert tune.split(4, [6750.0, 6826.0], 2) == [1, 0, 1, 0]  # alike: turns, the faster first
     assert tune.split(4, None, 2) == [0, 1, 0, 1]
