@@ -95,3 +95,19 @@ def test_the_merge_cost_benchmark_times_both_wire_types_inside_real_quotas_and_r
     assert sent["float16"] == pytest.approx(sent["float32"] / 2, rel=0.1), sent
     assert "sparse merge, each rank marking 0.3 of the rows" in p.stdout, p.stdout
     assert not list(CPU.glob("hvd_adaptive-merge*")), "cgroups left behind"
+
+
+def test_the_merge_cost_benchmark_runs_on_a_sampled_loss_that_samples_by_frequency(tmp_path):
+    """configs/bench.yaml's loss (model.output auto at 67,009 labels: sampled, by frequency)
+    needs label counts to build the model; the benchmark gives it some and times the merge of
+    the sampled output layer's rows."""
+    cfg = tmp_path / "sampled.yaml"
+    cfg.write_text((REPO / "configs" / "tiny.yaml").read_text().replace(
+        "model:\n  hidden: [64]\n",
+        "model:\n  hidden: [64]\n  output: sampled\n  sampler: frequency\n  negatives: 20\n"))
+    assert "sampler: frequency" in cfg.read_text()
+    p = mpirun(2, ["-m", "hvd_adaptive.bench.merge_cost", "--config", str(cfg),
+                   "--touched", "0.3", "--repeats", "1"], timeout=180)
+    assert p.returncode == 0, explain(p)
+    assert re.search(r"float32: weighted merge [0-9.]+, plain allreduce [0-9.]+", p.stdout), p.stdout
+
