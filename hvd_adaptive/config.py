@@ -259,7 +259,9 @@ class TrainConfig:
     adaptive SGD reached the target soonest with 2 to 4 batches a rank between merges, and
     with one its merge came every step and dynamic scheduling had nothing to balance
     (docs/benchmark.md, "Windows of 2,048 rows"). At 67,009 labels, whose merges move a
-    larger output layer, 4,096 rows were as fast or faster on 2 ranks (configs/bench.yaml)."""
+    larger output layer, 8,192 rows (16 batches a rank on 2 ranks) reached the later target
+    1.16x sooner than 4,096 on the same rows (configs/bench.yaml; "Windows at 67,009
+    labels")."""
     calibrate_s: float = 2.0
     """Seconds each rank times its standalone speed before the clock starts (at least 8
     steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200
