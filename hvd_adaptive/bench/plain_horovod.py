@@ -35,7 +35,8 @@ cores over the ranks on the node) as TensorFlow's threads: settings any user can
 
 Records (rank 0, in DIR): metrics.jsonl with a `start` record (standalone rows/s of each rank:
 the step without its allreduce, timed before the clock, for the benchmark's limit) and `eval`
-records every train.eval_every epochs on the first train.eval_rows test rows (`wall_s` is
+records at the first step after each train.eval_every mark, as the project's sync is evaluated,
+on the first train.eval_rows test rows (`wall_s` is
 training time, evaluation left out), and summary.json. Training stops after train.epochs, at
 train.target_p_at_1, or at train.time_budget_s (checked at evaluations, where the ranks meet).
 """
@@ -406,16 +407,13 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         return ((t.target_p_at_1 is not None and m["p_at_1"] >= t.target_p_at_1)
                 or (t.time_budget_s is not None and clock["wall"] >= t.time_budget_s))
 
-    # Evaluated where the project's runs are, so that both are read at the same rows: at the
-    # first end of a round of train.window_rows rows (or of an epoch) after each eval_every mark.
-    window, last = t.window_rows(ranks), 0.0
-    for epoch, done, rows, take in global_batches(cfg, train_ds.n_rows, ranks):
+    # Evaluated at the first step after each eval_every mark, where the project's sync is.
+    last = 0.0
+    for epoch, done, rows, _ in global_batches(cfg, train_ds.n_rows, ranks):
         part = np.array_split(rows, ranks)[rank]
         loss = plain.step(*batch(train_ds, part))
         samples, mine, batches = samples + len(rows), mine + len(part), batches + 1
         progress = epoch + done / train_ds.n_rows
-        if done // window == (done - len(rows)) // window and done < take:
-            continue  # inside a round
         if math.floor(progress / t.eval_every + 1e-9) > math.floor(last / t.eval_every + 1e-9) \
                 and evaluate_now():
             break

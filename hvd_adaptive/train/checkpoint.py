@@ -311,7 +311,9 @@ def check_resumable(path, state: dict, algorithm: Optional[str], stream: list) -
         state: At least the checkpoint's "algorithm" and "trainer.stream" entries.
         algorithm: This run's train.algorithm; None leaves it to Algorithm.load_state_dict.
         stream: This run's [train.seed, rows a window (TrainConfig.window_rows), training
-            rows]; a None (not known before MPI starts or the data is loaded) matches any value.
+            rows], and train.eval_every where rounds also end at evaluations (sync); a None
+            (not known before MPI starts or the data is loaded) matches any value, and a
+            shorter list checks only its part (before TensorFlow starts).
 
     Raises:
         ConfigError: Another algorithm or another window stream; the message names the folder.
@@ -320,10 +322,13 @@ def check_resumable(path, state: dict, algorithm: Optional[str], stream: list) -
         raise ConfigError(f"{path}: checkpoint was written by train.algorithm={state.get('algorithm')}, "
                           f"this run uses {algorithm}")
     saved = state.get(LOOP + "stream")
-    if saved is None or any(x is not None and x != y for x, y in zip(stream, saved)):
-        shown = [y if x is None else x for x, y in zip(stream, saved or stream)]
+    if saved is None or len(saved) < len(stream) or any(
+            x is not None and x != y for x, y in zip(stream, saved)):
+        known = list(saved or stream)
+        shown = [known[i] if x is None and i < len(known) else x for i, x in enumerate(stream)]
+        marks = ", train.eval_every" if len(stream) > 3 or len(saved or ()) > 3 else ""
         raise ConfigError(
-            f"{path}: checkpoint was taken with [train.seed, rows a window, training rows] = "
+            f"{path}: checkpoint was taken with [train.seed, rows a window, training rows{marks}] = "
             f"{saved}, this run has {shown} (rows a window: train.window_samples, at least "
             f"{WINDOW_MIN_BATCHES} batches of train.batch_size a rank); resume with the same "
             "values or use another --run-dir")
@@ -478,7 +483,8 @@ class Checkpointer:
     def stream_key(algo) -> list:
         """What the window stream depends on: resuming skips windows, so these must not change."""
         train = algo.cfg.train
-        return [train.seed, train.window_rows(algo.ctx.cluster.size), algo.ctx.train.n_rows]
+        key = [train.seed, train.window_rows(algo.ctx.cluster.size), algo.ctx.train.n_rows]
+        return key + [train.eval_every] if algo.rounds_end_at_evaluations else key
 
     def restore(self, algo, log) -> Optional[dict]:
         """Loads the newest good checkpoint into the algorithm (resume auto).

@@ -89,17 +89,24 @@ def test_plain_horovod_matches_the_projects_sync_run_on_the_same_batches(plain_r
 
 
 def test_both_are_evaluated_at_the_same_rows(tmp_path):
-    """Evaluations every 0.3 epochs (600 of the tiny config's 2,000 rows): the project evaluates
-    at the first end of a 512-row round after each mark (1,024, 1,536, 2,000), and so must the
-    plain script, not at its first 128-row step after it (640, ...): read at other rows, the same
-    curve interpolates to other rows and seconds to a target."""
+    """Evaluations every 0.3 epochs (600 of the tiny config's 2,000 rows): the plain script and
+    the project's sync evaluate at the first 128-row step after each mark (640, 1,280, 1,920)
+    and at the end, whatever the 512-row window: read at other rows, the same curve interpolates
+    to other rows and seconds to a target. Adaptive SGD's replicas are one model only after a
+    merge, so it is evaluated at the first end of a window after each mark."""
     sets = ("train.eval_every=0.3", "train.epochs=1")
     plain(tmp_path / "plain", *sets)
     train(2, tmp_path / "sync", *sets)
+    train(2, tmp_path / "adaptive", *sets, "train.algorithm=adaptive")
     ours = [(e["samples"], e["p_at_1"]) for e in records(tmp_path / "plain", "eval")]
     theirs = [(e["samples"], e["p_at_1"]) for e in records(tmp_path / "sync", "eval")]
-    assert [s for s, _ in ours] == [1024, 1536, 2000], ours
+    assert [s for s, _ in ours] == [640, 1280, 1920, 2000], ours
     assert ours == theirs
+    # sync's rounds end there too: the windows are cut, every row still trained once
+    rounds = records(tmp_path / "sync", "round")
+    assert [r["samples"] for r in rounds] == [512, 640, 1024, 1280, 1536, 1920, 2000], rounds
+    merged = [e["samples"] for e in records(tmp_path / "adaptive", "eval")]
+    assert merged == [1024, 1536, 2000], merged
 
 
 def test_under_the_sampled_loss_both_draw_alike_and_train_alike(tmp_path):

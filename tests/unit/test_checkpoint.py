@@ -91,12 +91,13 @@ def test_checkpointer_refuses_a_non_finite_model(tmp_path):
 class FakeAlgo:
     """What Checkpointer.save_training and restore use of an Algorithm."""
 
-    def __init__(self, seed=5, rows=100, ranks=1):
+    def __init__(self, seed=5, rows=100, ranks=1, cuts=False, eval_every=0.5):
         from types import SimpleNamespace as NS
 
         from hvd_adaptive.config import TrainConfig
 
-        self.cfg = NS(train=TrainConfig(seed=seed, window_samples=64, batch_size=16))
+        self.cfg = NS(train=TrainConfig(seed=seed, window_samples=64, batch_size=16, eval_every=eval_every))
+        self.rounds_end_at_evaluations = cuts  # sync's rounds also end at evaluations
         self.cluster = NS(size=ranks)
         self.ctx = NS(train=NS(n_rows=rows), cluster=self.cluster)
         self.resized, self.model_differs_by_rank, self.optimizer_differs_by_rank = False, False, True
@@ -145,5 +146,29 @@ def test_training_checkpoint_keeps_the_loops_keys_and_refuses_another_stream(tmp
     # another stream, refused also where the rank count was not known before MPI (srun).
     with pytest.raises(ConfigError, match=r"this run has \[5, 96, 100\]"):
         ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(ranks=3), FakeLog(0))
+
+
+def test_where_rounds_end_at_evaluations_another_eval_every_is_another_stream(tmp_path):
+    """Sync's windows are also cut at each train.eval_every mark, so resuming skips rounds
+    counted on those marks: another eval_every is refused, and so is a checkpoint whose stream
+    does not say which marks cut it."""
+    from hvd_adaptive.config import CheckpointConfig, ConfigError
+
+    cfg = CheckpointConfig(resume="auto")
+    loop = {"wall": 1.0, "samples": 64.0, "totals": np.ones((1, 7)), "evals": [], "last_progress": 0.64}
+    ck.Checkpointer(tmp_path, CheckpointConfig(), OneRank(), say=print).save_training(
+        FakeAlgo(cuts=True), FakeLog(1), 3, loop)
+    state, _ = ck.load(tmp_path / "checkpoints" / "ckpt-3")
+    assert state["trainer.stream"] == [5, 64, 100, 0.5]
+    assert ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(
+        FakeAlgo(cuts=True), FakeLog(1))["round"] == 3
+    with pytest.raises(ConfigError, match=r"train.eval_every\] = \[5, 64, 100, 0.5\], this run has "
+                                          r"\[5, 64, 100, 0.25\]"):
+        ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(
+            FakeAlgo(cuts=True, eval_every=0.25), FakeLog(1))
+    ck.Checkpointer(tmp_path, CheckpointConfig(), OneRank(), say=print).save_training(
+        FakeAlgo(), FakeLog(1), 4, loop)  # a stream without the marks
+    with pytest.raises(ConfigError, match=r"= \[5, 64, 100\], this run has \[5, 64, 100, 0.5\]"):
+        ck.Checkpointer(tmp_path, cfg, OneRank(), say=print).restore(FakeAlgo(cuts=True), FakeLog(1))
 
 

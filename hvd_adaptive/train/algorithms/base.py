@@ -2,8 +2,10 @@
 
 An algorithm trains in rounds. A round covers `train.window_rows(ranks)` rows of the epoch's
 shuffled stream (`train.window_samples`, at least two batches a rank; fewer at the end of an
-epoch); for model-averaging algorithms it ends with a merge. `run_round` returns this rank's
-accounting for the round, or None when training is over.
+epoch); for model-averaging algorithms it ends with a merge. Where the replicas are equal after
+every step (sync), a round also ends at the first step after each `train.eval_every` mark, so
+the run is evaluated there, as a plain Horovod script is, whatever the window. `run_round`
+returns this rank's accounting for the round, or None when training is over.
 
 Checkpoints: `state_dict` / `load_state_dict` cover the model, the optimizer, the data position
 and the jitter RNG here; subclasses add their own state (batch sizes, central model, ...).
@@ -25,6 +27,7 @@ from hvd_adaptive.data import Dataset, epoch_permutation, make_batch
 from hvd_adaptive.parallel.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.hetero import Heterogeneity
+from hvd_adaptive.train.periodic import itstime
 from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
 from hvd_adaptive.train.tune import TOP_K, top_labels, unchanged, warm_up
 
@@ -155,6 +158,9 @@ class Algorithm:
     # checkpointed once per rank (keys "rank.*"); the rest once, from rank 0.
     model_differs_by_rank = False     # sma keeps its replicas apart from the central model
     optimizer_differs_by_rank = True  # only sync applies the same (summed) update on every rank
+    # Whether a round also ends at the first step after each train.eval_every mark (the
+    # replicas are equal after every step); elsewhere evaluations wait for a round's merge.
+    rounds_end_at_evaluations = False
 
     def __init__(self, ctx: Context):
         self.ctx, self.cfg, self.cluster = ctx, ctx.cfg, ctx.cluster
@@ -195,8 +201,21 @@ class Algorithm:
             rows = n if epoch + 1 <= epochs else max(1, int(round((epochs - epoch) * n)))
             perm = epoch_permutation(n, self.cfg.train.seed, epoch)[:rows]
             for start in range(0, rows, s):
-                yield Window(index, epoch, perm, start, min(start + s, rows), rows, n)
-                index += 1
+                for lo, hi in self._pieces(epoch, start, min(start + s, rows), n):
+                    yield Window(index, epoch, perm, lo, hi, rows, n)
+                    index += 1
+
+    def _pieces(self, epoch: int, start: int, end: int, n: int) -> list[tuple[int, int]]:
+        """The window [start, end) of an epoch, cut after each step that reaches a
+        train.eval_every mark (rounds_end_at_evaluations), so the trainer evaluates there."""
+        if not self.rounds_end_at_evaluations:
+            return [(start, end)]
+        every, cuts = self.cfg.train.eval_every, [start]
+        step = self.cfg.train.batch_size * self.ctx.cluster.size
+        for lo, hi in chunks(end - start, step):
+            if start + hi < end and itstime(epoch + (start + hi) / n, every, epoch + (start + lo) / n):
+                cuts.append(start + hi)
+        return list(zip(cuts, cuts[1:] + [end]))
 
     def next_window(self) -> Optional[Window]:
         w = next(self._windows, None)

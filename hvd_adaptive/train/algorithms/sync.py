@@ -43,6 +43,7 @@ from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer
 class Sync(Algorithm):
     name = "sync"
     optimizer_differs_by_rank = False  # every rank applies the same summed update
+    rounds_end_at_evaluations = True  # the replicas are equal after every step
 
     def __init__(self, ctx, partition: str = "", shard_update: bool = False):
         super().__init__(ctx)
