@@ -238,7 +238,8 @@ class TrainConfig:
     seed: int = 0
     """Seed of the epoch permutations."""
     eval_every: float = 0.5
-    """Evaluate on the test set every this many epochs (and at the end)."""
+    """Evaluate on the test set every this many epochs (and at the end): at the end of the
+    first round after each mark; sync's rounds also end at the step that reaches one."""
     eval_rows: Optional[int] = None
     """Evaluate on the first N test rows only (None: all)."""
     time_budget_s: Optional[float] = None
