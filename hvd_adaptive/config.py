@@ -261,8 +261,8 @@ class TrainConfig:
     with one its merge came every step and dynamic scheduling had nothing to balance
     (docs/benchmark.md, "Windows of 2,048 rows"). At 67,009 labels, whose merges move a
     larger output layer, 8,192 rows (16 batches a rank on 2 ranks) reached the later target
-    1.16x sooner than 4,096 on the same rows ("Windows at 67,009 labels"); configs/bench.yaml
-    keeps 4,096, as evaluations come at round boundaries."""
+    sooner than 4,096, with equal ranks and with one under a half-core quota ("Windows at
+    67,009 labels"): configs/bench.yaml takes 8,192."""
     calibrate_s: float = 2.0
     """Seconds each rank times its standalone speed before the clock starts (at least 8
     steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200

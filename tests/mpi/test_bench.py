@@ -88,4 +88,4 @@ def test_the_accuracy_part_runs_five_workloads_the_last_at_bench_yamls_settings(
         assert len(rows) == 1 and rows[0]["kept_p1"] > 0 and rows[0]["tree_p1"] > 0, rows
     used = json.loads((part / "amazon670k-10pct-r0" / "config.json").read_text())
     assert used["train"]["algorithm"] == "adaptive", used["train"]
-    assert used["train"]["window_samples"] == 4096, used["train"]  # configs/bench.yaml's
+    assert used["train"]["window_samples"] == 8192, used["train"]  # configs/bench.yaml's
