@@ -575,7 +575,8 @@ class CheckpointConfig:
     """Checkpoints in `<run_dir>/checkpoints/` (see hvd_adaptive/train/checkpoint.py)."""
 
     every: Optional[int] = None
-    """Rounds (merge windows) between checkpoints; None: only one at the end of training."""
+    """Rounds (merge windows; sync's rounds also end at each evaluation) between checkpoints;
+    None: only one at the end of training."""
     keep: int = 3
     """How many of the newest complete checkpoints to keep. 0: write none, not even the final
     one, for runs that only need their metrics (the benchmark's: a 67,009-label model is about
