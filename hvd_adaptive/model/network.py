@@ -290,6 +290,20 @@ def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     return idx, vals
 
 
+def summed_rows(g: tf.IndexedSlices) -> tf.IndexedSlices:
+    """`g` with the rows of duplicated indices summed (`_dedupe`), the same gradient."""
+    idx, vals = _dedupe(g)
+    return tf.IndexedSlices(vals, idx, g.dense_shape)
+
+
+def _subtract_rows(v: tf.Variable, idx, step) -> None:
+    """v[idx] -= step for distinct `idx` (`_dedupe`'s): the rows read, subtracted and written
+    back. TensorFlow's CPU scatter-subtract took 2.5 times as long on the input layer's
+    20,000-odd rows a step at 67,009 labels (docs/benchmark.md, "The optimizer's row writes");
+    with distinct rows the result is the same to the bit."""
+    v.scatter_update(tf.IndexedSlices(tf.gather(v, idx) - step, idx))
+
+
 class Optimizer(tf.Module):
     """SGD, momentum, Adam, Adagrad and row-wise Adagrad with lazy (row-sparse) updates for
     IndexedSlices.
@@ -378,7 +392,7 @@ class Optimizer(tf.Module):
             corr = tf.sqrt(1 - c.beta2 ** self.t) / (1 - c.beta1 ** self.t)
             upd = self.lr * corr * m / (tf.sqrt(s) + c.eps)
             if sparse:
-                v.scatter_sub(tf.IndexedSlices(upd, idx))
+                _subtract_rows(v, idx, upd)
             else:
                 v.assign_sub(upd)
 
@@ -389,7 +403,7 @@ class Optimizer(tf.Module):
             if idx is None:
                 tf.raw_ops.ResourceApplyGradientDescent(var=v.handle, alpha=lr, delta=g)
             else:
-                v.scatter_sub(tf.IndexedSlices(lr * g, idx))
+                _subtract_rows(v, idx, lr * g)
         elif name == "momentum":
             mom = tf.constant(self.cfg.momentum, v.dtype)
             if idx is None:
@@ -418,7 +432,7 @@ class Optimizer(tf.Module):
         if idx is None:
             v.assign_sub(step)
         else:
-            v.scatter_sub(tf.IndexedSlices(step, idx))
+            _subtract_rows(v, idx, step)
 
     @staticmethod
     def _read(slot, idx):

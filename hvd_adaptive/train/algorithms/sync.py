@@ -37,7 +37,7 @@ from hvd_adaptive.train.algorithms.base import Algorithm, RoundStats, Window, ch
 from hvd_adaptive.train.balance import balanced_partition, keep_within_deadband, smoothed
 from hvd_adaptive.parallel import collectives
 from hvd_adaptive.parallel.distributed import allgather, broadcast_variables
-from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer
+from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, summed_rows
 
 
 class Sync(Algorithm):
@@ -72,7 +72,10 @@ class Sync(Algorithm):
             # Horovod 0.28.1 takes each allgathered slice's dense_shape from the group's tensors
             # by position among the slices, so the row-sparse gradients go first (with the
             # sampled output layer there are three: input layer, output layer, output bias).
-            grads = list(grads)
+            # A row-sparse gradient holds a row for every non-zero of the batch, most features
+            # several times: each rank sums its duplicates first, so fewer rows travel and the
+            # update dedupes fewer (docs/benchmark.md, "The optimizer's row writes").
+            grads = [summed_rows(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             order = sorted(range(len(grads)), key=lambda i: not isinstance(grads[i], tf.IndexedSlices))
             summed = collectives.sum_group([grads[i] for i in order], name="sync_gradients")
             out = [None] * len(grads)

@@ -84,6 +84,18 @@ def check(case: str, c) -> None:
     assert (comm == 0.0) == fused, f"{partition}: {comm:.4f} s of communication counted"
     if partition == "sharded":
         assert algo.sharded is not None and algo.sharded.hi - algo.sharded.lo < model.layers[-1].shape[0]
+    if fused:
+        # Each rank's row-sparse gradients travel with their duplicated rows summed: the
+        # allgathered slices hold the ranks' distinct rows, not one row a non-zero.
+        _, grads = algo._gradient(*algo.batch(np.arange(16 * c.rank, 16 * c.rank + 16)),
+                                  tf.constant(0.5))
+        sent = [g for g in grads if isinstance(g, tf.IndexedSlices)]
+        distinct = np.array(c.comm.allgather([len(np.unique(g.indices.numpy())) for g in sent]))
+        assert any(int(g.indices.shape[0]) > d for g, d in zip(sent, distinct[c.rank])), \
+            "no duplicated rows in the batch: the check would not see them summed"
+        got_rows = [int(g.indices.shape[0]) for g in algo._allreduce(grads)
+                    if isinstance(g, tf.IndexedSlices)]
+        assert got_rows == distinct.sum(axis=0).tolist(), (got_rows, distinct)
     mine = [v.numpy() for v in model.variables_list]
     everyone = c.comm.gather(mine, root=0)
 
