@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
-from hvd_adaptive.model.network import Optimizer, RowMask, SparseMLP, TouchedRows, batch_tensors
+from hvd_adaptive.model.network import (Optimizer, RowMask, SparseMLP, TouchedRows, _subtract_rows,
+                                        batch_tensors, summed_rows)
 
 
 def tiny_batch():
@@ -162,6 +163,28 @@ def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse(start):
     for got, w, a, s in zip((out, table, bias), want, acc, opt.slots):
         np.testing.assert_allclose(got.numpy(), w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(s[0].numpy(), a, rtol=1e-5, atol=1e-7)
+
+
+def test_row_writes_equal_scatter_subtract_to_the_bit_and_summed_rows_the_same_gradient():
+    """The optimizer's row write (read, subtract, write back) on distinct rows gives what
+    TensorFlow's scatter-subtract gives, bit for bit, and leaves the other rows alone; a
+    gradient with its duplicated rows summed is the same gradient with distinct rows."""
+    rng = np.random.default_rng(3)
+    start = rng.normal(size=(50, 7)).astype(np.float32)
+    rows = tf.constant(rng.permutation(50)[:20], tf.int64)
+    step = tf.constant(rng.normal(size=(20, 7)).astype(np.float32) * 1e-3)
+    ours, theirs = tf.Variable(start), tf.Variable(start)
+    _subtract_rows(ours, rows, step)
+    theirs.scatter_sub(tf.IndexedSlices(step, rows))
+    assert np.array_equal(ours.numpy(), theirs.numpy())
+    untouched = np.setdiff1d(np.arange(50), rows.numpy())
+    assert np.array_equal(ours.numpy()[untouched], start[untouched])
+    dup = tf.IndexedSlices(tf.constant(rng.normal(size=(6, 7)).astype(np.float32)),
+                           tf.constant([3, 9, 3, 1, 9, 3], tf.int64), tf.constant([50, 7], tf.int64))
+    s = summed_rows(dup)
+    assert sorted(s.indices.numpy().tolist()) == [1, 3, 9]
+    np.testing.assert_allclose(tf.convert_to_tensor(s).numpy(), tf.convert_to_tensor(dup).numpy(),
+                               rtol=1e-6)
 
 
 def test_rowwise_adagrad_keeps_one_value_a_row_of_the_row_sparse_layers():
