@@ -121,8 +121,11 @@ class Net(tf.Module):
         self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
 
     def hidden(self, ids, vals, seg, n, training=False):
-        # Only the batch's rows of the input layer are read: its gradient is row-sparse.
-        x = tf.math.unsorted_segment_sum(tf.gather(self.kernels[0], ids) * vals[:, None], seg, n)
+        # Only the batch's rows of the input layer are read: its gradient is row-sparse. The
+        # rows come one after another, so TensorFlow's sorted segment sum adds them up (what
+        # tf.nn.embedding_lookup_sparse calls), padded for trailing rows without features.
+        x = tf.math.segment_sum(tf.gather(self.kernels[0], ids) * vals[:, None], seg)
+        x = tf.pad(x, [[0, n - tf.shape(x)[0]], [0, 0]])
         x = self._relu(x + self.biases[0], training)
         for w, b in zip(self.kernels[1:-1], self.biases[1:-1]):
             x = self._relu(tf.matmul(x, w) + b, training)

@@ -31,7 +31,7 @@ class Batch(NamedTuple):
 
     feat_ids: np.ndarray  # int64 [nnz]
     feat_vals: np.ndarray  # float32 [nnz]
-    feat_seg: np.ndarray  # int32 [nnz], batch row of each non-zero
+    feat_seg: np.ndarray  # int32 [nnz], batch row of each non-zero, non-decreasing
     label_ids: np.ndarray  # int32 [m]
     label_seg: np.ndarray  # int32 [m]
     label_w: np.ndarray  # float32 [m], 1/k for a row with k labels

@@ -5,7 +5,7 @@ trainer uses (data.Batch), so a client sends only the non-zeros:
 
   feat_ids  int64 [nnz]   feature id of every non-zero, rows one after another
   feat_vals float32 [nnz] its value
-  row_ids   int32 [nnz]   the batch row (0 .. n_rows-1) each non-zero belongs to
+  row_ids   int32 [nnz]   the batch row (0 .. n_rows-1) each non-zero belongs to, in any order
   n_rows    int32 []      rows in the batch (rows without features are allowed)
 
 and returns `labels` int32 [n_rows, k] and `scores` float32 [n_rows, k], best first: the same
@@ -40,7 +40,11 @@ class Serving(tf.Module):
         ev = Evaluator(self.model, run.cfg.train.eval_memory_mb, k=k)
 
         def serve(feat_ids, feat_vals, row_ids, n_rows):
-            labels, scores = ev.scored_top_k(self.model.hidden(feat_ids, feat_vals, row_ids, n_rows))
+            # The model sums a row's non-zeros in row order: a request's may come in any order.
+            order = tf.argsort(row_ids, stable=True)
+            hidden = self.model.hidden(tf.gather(feat_ids, order), tf.gather(feat_vals, order),
+                                       tf.gather(row_ids, order), n_rows)
+            labels, scores = ev.scored_top_k(hidden)
             return {"labels": labels, "scores": scores}
 
         self.serve = tf.function(serve, input_signature=SIGNATURE, autograph=False)

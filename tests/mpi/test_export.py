@@ -28,8 +28,12 @@ for r, line in enumerate(lines):
 serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
 out = serve(feat_ids=tf.constant(ids, tf.int64), feat_vals=tf.constant(vals, tf.float32),
             row_ids=tf.constant(seg, tf.int32), n_rows=tf.constant(len(lines), tf.int32))
+# The same request with its non-zeros in reverse order (rows interleaved).
+back = serve(feat_ids=tf.constant(ids[::-1], tf.int64), feat_vals=tf.constant(vals[::-1], tf.float32),
+             row_ids=tf.constant(seg[::-1], tf.int32), n_rows=tf.constant(len(lines), tf.int32))
 assert not any(m.startswith("hvd_adaptive") for m in sys.modules)
-print(json.dumps({k: v.numpy().tolist() for k, v in out.items()}))
+print(json.dumps({**{k: v.numpy().tolist() for k, v in out.items()},
+                  **{"reversed_" + k: v.numpy().tolist() for k, v in back.items()}}))
 """
 
 
@@ -66,4 +70,7 @@ def test_export_serves_what_predict_writes(run, tmp_path):
     labels, scores = read_predictions(out)
     np.testing.assert_array_equal(np.array(got["labels"]), labels)
     np.testing.assert_allclose(np.array(got["scores"]), scores, rtol=1e-5)
+    # A request's non-zeros may come in any order.
+    np.testing.assert_array_equal(np.array(got["reversed_labels"]), labels)
+    np.testing.assert_allclose(np.array(got["reversed_scores"]), scores, rtol=1e-5)
     assert folder_hash(run_dir) == before

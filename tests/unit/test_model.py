@@ -8,7 +8,7 @@ import tensorflow as tf
 from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
 from hvd_adaptive.model.network import (Optimizer, RowMask, SparseMLP, TouchedRows, _subtract_rows,
-                                        batch_tensors, summed_rows)
+                                        batch_tensors, row_sums, summed_rows)
 
 
 def tiny_batch():
@@ -185,6 +185,18 @@ def test_row_writes_equal_scatter_subtract_to_the_bit_and_summed_rows_the_same_g
     assert sorted(s.indices.numpy().tolist()) == [1, 3, 9]
     np.testing.assert_allclose(tf.convert_to_tensor(s).numpy(), tf.convert_to_tensor(dup).numpy(),
                                rtol=1e-6)
+
+
+def test_row_sums_leave_rows_without_entries_at_zero_and_refuse_rows_out_of_order():
+    """The input layer's sum of a row's non-zeros (sorted segment sum) equals the unsorted
+    one, with rows without entries in the middle, at the end, and a batch without any."""
+    x = tf.constant(np.arange(12, dtype=np.float32).reshape(6, 2))
+    seg = tf.constant([0, 0, 2, 2, 2, 3], tf.int32)
+    want = tf.math.unsorted_segment_sum(x, seg, 6).numpy()
+    np.testing.assert_array_equal(row_sums(x, seg, tf.constant(6)).numpy(), want)
+    assert row_sums(x[:0], seg[:0], tf.constant(3)).numpy().tolist() == [[0, 0]] * 3
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        row_sums(x, tf.constant([0, 2, 0, 2, 2, 3], tf.int32), tf.constant(6))
 
 
 def test_rowwise_adagrad_keeps_one_value_a_row_of_the_row_sparse_layers():
