@@ -111,3 +111,24 @@ def test_the_merge_cost_benchmark_runs_on_a_sampled_loss_that_samples_by_frequen
     assert p.returncode == 0, explain(p)
     assert re.search(r"float32: weighted merge [0-9.]+, plain allreduce [0-9.]+", p.stdout), p.stdout
 
+
+
+def test_the_step_cost_benchmark_interleaves_both_steps_and_times_the_row_operations():
+    """`python -m hvd_adaptive.bench.step_cost --parts --ops`: the project's sync step and the
+    plain Horovod script's in alternating blocks on real ranks, their ratio block by block, the
+    timed step's parts, and the row-sparse operations on a real batch."""
+    p = mpirun(2, ["-m", "hvd_adaptive.bench.step_cost", "--config", "configs/tiny.yaml",
+                   "--steps", "2", "--blocks", "3", "--parts", "--ops"], timeout=240)
+    assert p.returncode == 0, explain(p)
+    assert "3 blocks of 2 steps each, interleaved" in p.stdout, p.stdout
+    ms = {name: float(re.search(rf"^  {name} +([0-9.]+) \(quartiles", p.stdout, re.M).group(1))
+          for name in ("sync", "sync, timed", "plain script")}
+    assert all(v > 0 for v in ms.values()), ms
+    ratio = float(re.search(r"sync / plain script, block by block: ([0-9.]+)", p.stdout).group(1))
+    assert ratio > 0, p.stdout
+    parts = dict(re.findall(r"(gradient|allreduce|update|batch building) ([0-9.]+)", p.stdout))
+    assert set(parts) == {"gradient", "allreduce", "update", "batch building"}, p.stdout
+    assert float(parts["gradient"]) > 0 and float(parts["update"]) > 0, parts
+    ops = re.findall(r"^  (scatter-subtract|row write|unsorted segment sum|sorted segment sum)"
+                     r"[^0-9]*([0-9.]+) ms$", p.stdout, re.M)
+    assert len(ops) == 4 and all(float(v) > 0 for _, v in ops), p.stdout
