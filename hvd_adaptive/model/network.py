@@ -285,11 +285,11 @@ _FUSED = ("sgd", "momentum", "adagrad")
 
 
 def row_sums(x, seg, size):
-    """[size, ...]: the rows of `x` summed by their batch row `seg`, which must be non-decreasing
-    (TensorFlow raises InvalidArgumentError otherwise); rows without entries are zeros.
-    TensorFlow's sorted segment sum, padded for trailing rows without entries: at 67,009
-    labels it took the input layer's forward and backward from 9.0 to 3.5 ms a 256-row batch
-    against the unsorted one (docs/benchmark.md, "The optimizer's row writes")."""
+    """[size, width]: the rows of `x` ([entries, width]) summed by their batch row `seg`, which
+    must be non-decreasing (TensorFlow raises InvalidArgumentError otherwise); rows without
+    entries are zeros. TensorFlow's sorted segment sum, padded for trailing rows without
+    entries: on a 256-row batch at 67,009 labels the input layer's sum took 2.74 ms against
+    the unsorted one's 5.85 (docs/benchmark.md, "The optimizer's row writes")."""
     h = tf.math.segment_sum(x, seg)
     return tf.pad(h, [[0, size - tf.shape(h)[0]], [0, 0]])
 
@@ -309,8 +309,8 @@ def summed_rows(g: tf.IndexedSlices) -> tf.IndexedSlices:
 
 def _subtract_rows(v: tf.Variable, idx, step) -> None:
     """v[idx] -= step for distinct `idx` (`_dedupe`'s): the rows read, subtracted and written
-    back. TensorFlow's CPU scatter-subtract took 2.5 times as long on the input layer's
-    20,000-odd rows a step at 67,009 labels (docs/benchmark.md, "The optimizer's row writes");
+    back. TensorFlow's CPU scatter-subtract took 2.7 times as long on a 256-row batch's 12,291
+    distinct input rows at 67,009 labels (docs/benchmark.md, "The optimizer's row writes");
     with distinct rows the result is the same to the bit."""
     v.scatter_update(tf.IndexedSlices(tf.gather(v, idx) - step, idx))
 
