@@ -117,6 +117,12 @@ def check(case: str, c) -> None:
                                       err_msg=f"variable {i}: initialisation differs from the project's")
         b.assign(a)  # load: the same start whatever the initialisation
     start = [v.numpy() for v in project]
+    # Rows without features, the last two among them, come out of both input layers as the bias.
+    empty = (tf.constant([3, 7, 5], tf.int64), tf.constant([1.0, 2.0, 0.5]), tf.constant([0, 0, 2], tf.int32),
+             tf.constant(5, tf.int32))
+    ours, theirs = algo.model.hidden(*empty).numpy(), plain.net.hidden(*empty).numpy()
+    assert theirs.shape == ours.shape == (5, ours.shape[1]), (theirs.shape, ours.shape)
+    np.testing.assert_allclose(theirs, ours, rtol=1e-6, atol=1e-7)
     if shape == "sampled":
         return check_sampled(case, cfg, c, train, algo, plain)
     with plain.unchanged():  # trace the plain step (collective: every rank) without effects
