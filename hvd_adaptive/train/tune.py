@@ -6,8 +6,8 @@ is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours jud
 rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2
 around a centre taken from the data (`centre`), and the search goes on past the lowest or
 highest rate while the pick is there and does not bracket the best with its neighbour
-(`choose`, `brackets`). The ranks share each round's candidates by their measured speeds
-(`split`), and every rank takes the same choice from one allgather of the judgements a round.
+(`choose`, `brackets`). A round holds a candidate for each rank near the fastest (`width`), shared by
+the ranks' measured speeds (`split`), and every rank takes the same choice from one allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
 
@@ -64,6 +64,11 @@ TIE_BAND = 0.03
 # the best rate (0.0506 and 0.1012 at 67,009 labels, from 11.11 to 7.48 and 7.45) they differed
 # by 1% of it; with the loss falling in proportion to the rate, by half.
 BRACKET_SHARE = 0.2
+# A rank adds a candidate to a round (`width`) when it trains one in at most 1 + ROUND_SLACK
+# times the fastest rank's time: well above the few percent by which alike ranks' calibrated
+# speeds differ, well below the 2 times a second candidate takes on the fastest rank; a
+# candidate more a round can spare a later round.
+ROUND_SLACK = 0.4
 
 
 @dataclass
@@ -235,15 +240,31 @@ def warm_up(cfg, ds, make_batch: Callable[[np.ndarray], tuple], scores: Callable
     scores(*make_batch(HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size)[0]))
 
 
+def paces(speeds: Optional[Sequence[float]], size: int) -> list[float]:
+    """Each rank's measured rows/s (`speeds`), or 1.0 for every rank where they are unusable
+    (None, a count other than `size`, one not finite and positive)."""
+    ok = speeds is not None and len(speeds) == size and all(
+        math.isfinite(v) and v > 0 for v in speeds)
+    return [float(v) for v in speeds] if ok else [1.0] * size
+
+
+def width(speeds: Optional[Sequence[float]], size: int) -> int:
+    """Candidates a round beyond the first (which holds at least two): one for each rank that
+    trains one within 1 + ROUND_SLACK times the fastest rank's time. Alike ranks all take one
+    (no rank idles); a far slower rank adds none, so a round does not last two candidates on
+    a fast rank, or one on the slow rank, where one on each fast rank ends it (`split`)."""
+    pace = paces(speeds, size)
+    top = max(pace)
+    return sum(p * (1 + ROUND_SLACK) >= top for p in pace)
+
+
 def split(n: int, speeds: Optional[Sequence[float]], size: int) -> list[int]:
     """The rank that trains each of a round's `n` candidates: each in turn goes to the rank
     that would finish it soonest, at its measured rows/s (`speeds`, one per rank; ties to the
     lower rank). Alike ranks take turns; a rank half as fast as the other of two takes one
     candidate of four, not two, so the round ends in 3 candidates' time instead of 4. Without
     usable speeds (None, or one not finite and positive), turns."""
-    ok = speeds is not None and len(speeds) == size and all(
-        math.isfinite(v) and v > 0 for v in speeds)
-    pace = [float(v) for v in speeds] if ok else [1.0] * size
+    pace = paces(speeds, size)
     done, owner = [0] * size, []
     for _ in range(n):
         r = min(range(size), key=lambda i: ((done[i] + 1) / pace[i], i))
@@ -330,9 +351,10 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     """The search every rank runs together; returns the choice every rank makes.
 
     Rounds of candidates `start` x 2^j: first j = -1, 0 on one or two ranks, -1, 0, 1 on
-    three, -2 to 1 on four (as many as the ranks, at least two, centred, one more below on
-    even counts); while `best` is the lowest or highest rate tried, the next round goes
-    further that way, as many candidates as ranks, at most MAX_DOUBLINGS from `start`, unless
+    three, -2 to 1 on four alike ranks (one for each rank near the fastest, `width`, at least
+    two, centred, one more below on even counts); while `best` is the lowest or highest rate
+    tried, the next round goes further that way, `width` candidates, at most MAX_DOUBLINGS
+    from `start`, unless
     its one neighbour judges alike where the loss is flat (`brackets`): the two then bracket
     the best rate, which `settle` puts between them. `split` gives each rank its
     candidates of a round by the ranks' speeds; one allgather a round shares the judgements.
@@ -351,13 +373,14 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     """
     t0 = time.perf_counter()
     start_loss = float(start_loss())
-    # As many candidates as ranks, so that alike ranks do not idle in the first round, and at
-    # least two, a doubling apart: a pair judged alike ends the search in one round (the
+    # As many candidates as ranks near the fastest (`width`), so that alike ranks do not idle
+    # in the first round and a slow rank does not make a fast one train two, and at least two,
+    # a doubling apart: a pair judged alike ends the search in one round (the
     # sampled loss at 67,009 labels, PyPI; docs/benchmark.md), where a third candidate cost
     # a second candidate's time on one or two ranks. On even counts the extra one lies below
     # (where the best rate lay on the Delicious-shaped rows).
-    width = max(2, size)
-    todo = [j - width // 2 for j in range(width)]
+    n = width(speeds, size)
+    todo = [j - max(2, n) // 2 for j in range(max(2, n))]
     judged: dict[int, tuple[float, float]] = {}
     trained_by: dict[int, int] = {}
     while todo:
@@ -381,9 +404,9 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
         below, above = (brackets(losses, p5s, i, start_loss) if i is not None
                         else (False, False))
         if top == lo and lo > -MAX_DOUBLINGS and not above:
-            todo = [lo - 1 - k for k in range(size) if lo - 1 - k >= -MAX_DOUBLINGS]
+            todo = [lo - 1 - k for k in range(n) if lo - 1 - k >= -MAX_DOUBLINGS]
         elif top == hi and hi < MAX_DOUBLINGS and finite and not below:
-            todo = [hi + 1 + k for k in range(size) if hi + 1 + k <= MAX_DOUBLINGS]
+            todo = [hi + 1 + k for k in range(n) if hi + 1 + k <= MAX_DOUBLINGS]
         else:
             todo = []
     # Every rank charges the same seconds to its clock: the slowest rank's whole search.

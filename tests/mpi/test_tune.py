@@ -53,8 +53,9 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
 
 def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_script(tmp_path):
     """Rank 1 under a quota 3x slower: the candidates go by the calibrated speeds (tune.split),
-    in the project's probe and in the plain script's: each round's two go to rank 0, which
-    trains both in less time than rank 1 would take for one (turns would give rank 1 one)."""
+    in the project's probe and in the plain script's: the first round's two go to rank 0, which
+    trains both in less time than rank 1 would take for one (turns would give rank 1 one), and
+    a later round holds one candidate, rank 0's (tune.width)."""
     slow = ("hetero.mode=cpu_quota", "hetero.slowdown={1: 3.0}", "train.threads=1",
             "train.calibrate_s=1.0", *ADAGRAD)
     p = mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",

@@ -67,23 +67,25 @@ def test_the_search_goes_past_the_edges_and_stops_at_the_best():
 @pytest.mark.parametrize("size", [1, 2, 4])
 def test_a_pick_at_the_edge_whose_neighbour_judges_alike_ends_the_search(size):
     """The best rate between two candidates (P@5 equal at 0.3 / 2 and 0.3, lower on either
-    side): the first round holds both (as many candidates as ranks, at least two), they
+    side): the first round holds both (as many candidates as alike ranks, at least two), they
     bracket the best, and no second round is run; the rate is their geometric mean. Rank 0
-    is played with the others far slower, so it trains every candidate (`split`)."""
+    is played with the others alike, each training one candidate of the round."""
     rounds = []
 
     def allgather(x):
-        if isinstance(x, dict):  # a round's judgements: all of them rank 0's
-            rounds.append(sorted(x))
-            return [x] + [{}] * (size - 1)
+        if isinstance(x, dict):  # a round's judgements: rank 0's, the others' judged here
+            theirs = [j for j in _round if j not in x]
+            rounds.append(sorted([*x, *theirs]))
+            return [x, {j: judged(0.3 * 2.0 ** j) for j in theirs}] + [{}] * (size - 2)
         return [x] * size
 
     def judged(lr):
         return 1.0, 1.0 / ((math.log2(lr / 0.3) + 0.5) ** 2 + 1.0)
 
-    c = tune.choose(0.3, judged, lambda: 100.0, rank=0, size=size, allgather=allgather,
-                    optimizer="adagrad", speeds=[1.0] + [1e-6] * (size - 1))
     first = {1: [-1, 0], 2: [-1, 0], 4: [-2, -1, 0, 1]}[size]
+    _round = first
+    c = tune.choose(0.3, judged, lambda: 100.0, rank=0, size=size, allgather=allgather,
+                    optimizer="adagrad", speeds=[1.0] * size)
     assert rounds == [first]
     assert c.lr == pytest.approx(0.3 / math.sqrt(2), rel=1e-3)
 
@@ -118,12 +120,44 @@ def test_a_rounds_candidates_go_to_the_ranks_that_finish_them_soonest():
         assert tune.split(4, bad, 2) == [0, 1, 0, 1], bad
 
 
-@pytest.mark.parametrize("slow, shares", [(700.0, (2, 2)), (400.0, (4, 0))])
-def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow, shares):
-    """choose on two played ranks, the second slower: the best at 0.15 takes rounds -1, 0 and
-    -2, -3. At 1.43x slower each rank trains one candidate a round; at 2.5x the faster trains
-    both in less time than the slower would take for one. Each candidate is trained once, and
-    both ranks make the same choice and record who trained what."""
+def test_a_round_holds_a_candidate_for_each_rank_near_the_fastest():
+    """`width`: alike ranks (a few percent apart) each add a candidate; ranks more than
+    ROUND_SLACK slower add none. With rank 3 of four at half speed the first round holds three
+    (-1, 0, 1), one on each fast rank, where four put two on rank 0; with half of eight ranks
+    at half speed, four, one on each fast rank. The first round holds at least two."""
+    assert tune.width([1933.0, 1967.0, 1877.0, 1924.0, 1944.0, 1978.0, 1945.0, 1952.0], 8) == 8
+    assert tune.width([1.0, 1.0, 1.0, 0.5], 4) == 3
+    assert tune.width([1.0, 0.8], 2) == 2 and tune.width([1.0, 0.5], 2) == 1
+    assert tune.width([1.0] * 4 + [0.5] * 4, 8) == 4 and tune.width(None, 1) == 1
+    assert tune.width(None, 4) == tune.width([1.0, 0.0, 1.0, 1.0], 4) == 4  # unusable: all
+
+    for speeds, first in (([1.0, 1.0, 1.0, 0.5], [-1, 0, 1]),
+                          ([1.0] * 4 + [0.5] * 4, [-2, -1, 0, 1])):
+        size, rounds = len(speeds), []
+
+        def allgather(x):
+            if isinstance(x, dict):  # every rank's share of the round, judged here
+                owners = tune.split(len(first), speeds, size)
+                rounds.append(owners)
+                return [{j: (1.0, 1.0 / (abs(j) + 1.0)) for j, r in zip(first, owners) if r == k}
+                        for k in range(size)]
+            return [x] * size
+
+        c = tune.choose(0.3, lambda lr: (1.0, 1.0 / (abs(math.log2(lr / 0.3)) + 1.0)),
+                        lambda: 100.0, rank=0, size=size, allgather=allgather,
+                        optimizer="adagrad", speeds=speeds)
+        assert c.lr == pytest.approx(0.3, rel=1e-3)
+        assert c.candidates == pytest.approx([0.3 * 2.0 ** j for j in first], rel=1e-3)
+        assert len(rounds) == 1 and sorted(rounds[0]) == list(range(len(first))), rounds
+
+
+@pytest.mark.parametrize("slow, shares, plan", [(800.0, (2, 2), [[-1, 0], [-3, -2]]), (400.0, (3, 0), [[-1, 0], [-2]])])
+def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow, shares, plan):
+    """choose on two played ranks, the second slower, the best at 0.15. At 1.25x slower each
+    rank trains one candidate a round (rounds -1, 0 and -2, -3); at 2.5x the faster trains the
+    first round's two in less time than the slower would take for one, and the next round
+    holds one candidate (`width`), -2. Each candidate is trained once, and both ranks make
+    the same choice and record who trained what."""
     def judged(lr):
         return 1.0, 1.0 / ((math.log2(lr / 0.3) + 1) ** 2 + 1.0)  # best at 0.15: inside
 
@@ -146,13 +180,13 @@ def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow
                            optimizer="adagrad", speeds=[1000.0, slow])
 
     def _round(k):
-        return {1: [-1, 0], 2: [-3, -2]}.get(k, [])
+        return plan[k - 1] if k <= len(plan) else []
 
     c0, c1 = play(0), play(1)
     assert c0.lr == c1.lr == pytest.approx(0.15, rel=1e-3)
     assert (len(tried[0]), len(tried[1])) == shares, tried
     assert not set(tried[0]) & set(tried[1])
-    assert c0.candidates == pytest.approx([0.3 * 2.0 ** j for j in (-3, -2, -1, 0)], rel=1e-3)
+    assert c0.candidates == pytest.approx([0.3 * 2.0 ** j for j in sorted(sum(plan, []))], rel=1e-3)
     assert c0.ranks == c1.ranks and c0.ranks.count(1) == shares[1], c0.ranks
     for rank in (0, 1):  # the record names the rank that tried each candidate
         mine = sorted(c for c, r in zip(c0.candidates, c0.ranks) if r == rank)
