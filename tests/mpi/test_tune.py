@@ -47,8 +47,15 @@ def test_every_rank_trains_at_the_recorded_choice_and_its_seconds_count(tmp_path
     else:  # warm-up ramps to the chosen rate, scaled by each rank's batch (balance.adaptive_lr)
         assert all(0 < lr <= choice["lr"] * 1.0001 for lr in lrs.values()), lrs
     assert s["final"]["p_at_1"] > 2 * start["baseline_p_at_1"]
-    # Alike ranks share every round's candidates evenly (tune.split).
-    assert choice["ranks"].count(0) == choice["ranks"].count(1), choice["ranks"]
+    # The candidates go by the ranks' calibrated speeds (tune.split, tune.width): ranks within
+    # 1.4x of each other (alike here, unless the shared machine's load split them) share every
+    # round evenly; else the faster trains at least as many (a later round holds its one).
+    speeds, counts = start["standalone_rates"], [choice["ranks"].count(r) for r in (0, 1)]
+    fast = int(np.argmax(speeds))
+    if tune.width(speeds, 2) == 2:
+        assert counts[0] == counts[1], (choice["ranks"], speeds)
+    else:
+        assert counts[fast] >= counts[1 - fast], (choice["ranks"], speeds)
 
 
 def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_script(tmp_path):
