@@ -187,13 +187,23 @@ def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
             "--run-dir", str(tmp_path / "plain")]
     p = mpirun(2, args + [x for s in sets for x in ("--set", s)], timeout=180)
     assert p.returncode == 0, explain(p)
-    ours = records(tmp_path / "project", "start")[0]["lr_choice"]
-    theirs = records(tmp_path / "plain", "start")[0]["lr_choice"]
-    assert theirs["lr"] == ours["lr"] and theirs["candidates"] == ours["candidates"]
+    starts = [records(tmp_path / who, "start")[0] for who in ("project", "plain")]
+    ours, theirs = (s["lr_choice"] for s in starts)
+    assert theirs["lr"] == ours["lr"]
+    # A later round holds a candidate for each rank near the fastest (tune.width) by each
+    # program's own calibrated speeds: where two ranks of this shared machine calibrated more
+    # than 1.4x apart in one program only, it tried the same rates with one fewer.
+    widths = [tune.width(s["standalone_rates"], 2) for s in starts]
+    if widths[0] == widths[1]:
+        assert theirs["candidates"] == ours["candidates"], (widths, theirs, ours)
+    mine, other = set(ours["candidates"]), set(theirs["candidates"])
+    assert mine <= other or other <= mine, (widths, theirs, ours)
     assert records(tmp_path / "plain", "start")[0]["lr"] == pytest.approx(ours["lr"])
     # 32 steps of float32 in two implementations: 2e-4 apart at the largest rate, seen once.
-    assert theirs["losses"] == pytest.approx(ours["losses"], rel=1e-3), (theirs, ours)
-    assert theirs["p_at_5"] == pytest.approx(ours["p_at_5"], abs=1e-3), (theirs, ours)
+    for c in mine & other:
+        i, j = ours["candidates"].index(c), theirs["candidates"].index(c)
+        assert theirs["losses"][j] == pytest.approx(ours["losses"][i], rel=1e-3), (c, theirs, ours)
+        assert theirs["p_at_5"][j] == pytest.approx(ours["p_at_5"][i], abs=1e-3), (c, theirs, ours)
     assert theirs["start_loss"] == pytest.approx(ours["start_loss"], rel=1e-5)
     assert project["final"]["p_at_1"] > 0
 
