@@ -6,8 +6,9 @@ is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours jud
 rate is the two's geometric mean (`settle`; `pick` does both). The candidates are powers of 2
 around a centre taken from the data (`centre`), and the search goes on past the lowest or
 highest rate while the pick is there and does not bracket the best with its neighbour
-(`choose`, `brackets`). A round holds a candidate for each rank near the fastest (`width`), shared by
-the ranks' measured speeds (`split`), and every rank takes the same choice from one allgather of the judgements a round.
+(`choose`, `brackets`). A round holds a candidate for each rank near the fastest (`width`),
+shared by the ranks' measured speeds (`split`), and every rank takes the same choice from one
+allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
 a choice costs counts in the time to a target.
 
@@ -354,9 +355,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     three, -2 to 1 on four alike ranks (one for each rank near the fastest, `width`, at least
     two, centred, one more below on even counts); while `best` is the lowest or highest rate
     tried, the next round goes further that way, `width` candidates, at most MAX_DOUBLINGS
-    from `start`, unless
-    its one neighbour judges alike where the loss is flat (`brackets`): the two then bracket
-    the best rate, which `settle` puts between them. `split` gives each rank its
+    from `start`, unless its one neighbour judges alike where the loss is flat (`brackets`):
+    the two then bracket the best rate, which `settle` puts between them. `split` gives each rank its
     candidates of a round by the ranks' speeds; one allgather a round shares the judgements.
 
     Args:
@@ -380,7 +380,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     # a second candidate's time on one or two ranks. On even counts the extra one lies below
     # (where the best rate lay on the Delicious-shaped rows).
     n = width(speeds, size)
-    todo = [j - max(2, n) // 2 for j in range(max(2, n))]
+    first = max(2, n)
+    todo = [j - first // 2 for j in range(first)]
     judged: dict[int, tuple[float, float]] = {}
     trained_by: dict[int, int] = {}
     while todo:

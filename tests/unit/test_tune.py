@@ -151,7 +151,8 @@ def test_a_round_holds_a_candidate_for_each_rank_near_the_fastest():
         assert len(rounds) == 1 and sorted(rounds[0]) == list(range(len(first))), rounds
 
 
-@pytest.mark.parametrize("slow, shares, plan", [(800.0, (2, 2), [[-1, 0], [-3, -2]]), (400.0, (3, 0), [[-1, 0], [-2]])])
+@pytest.mark.parametrize("slow, shares, plan", [(800.0, (2, 2), [[-1, 0], [-3, -2]]),
+                                                (400.0, (3, 0), [[-1, 0], [-2]])])
 def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow, shares, plan):
     """choose on two played ranks, the second slower, the best at 0.15. At 1.25x slower each
     rank trains one candidate a round (rounds -1, 0 and -2, -3); at 2.5x the faster trains the
