@@ -151,6 +151,27 @@ def test_a_round_holds_a_candidate_for_each_rank_near_the_fastest():
         assert len(rounds) == 1 and sorted(rounds[0]) == list(range(len(first))), rounds
 
 
+@pytest.mark.parametrize("peak, rounds_seen", [(2, [[-1, 0], [1], [2], [3]]),
+                                               (-3, [[-1, 0], [-2], [-3], [-4]])])
+def test_a_later_round_past_either_edge_holds_one_candidate_when_one_rank_is_far_faster(peak, rounds_seen):
+    """Two ranks, the second 4x slower (`width` 1): rank 0 trains the first round's two, and each
+    round past the edge, upwards or downwards, holds one candidate, rank 0's, until the best
+    (P@5 highest at 0.3 x 2^peak) lies inside what was tried."""
+    rounds = []
+
+    def allgather(x):
+        if isinstance(x, dict):  # a round's judgements: all of them rank 0's
+            rounds.append(sorted(x))
+            return [x, {}]
+        return [x, x]
+
+    c = tune.choose(0.3, lambda lr: (1.0, 1.0 / ((math.log2(lr / 0.3) - peak) ** 2 + 1.0)),
+                    lambda: 100.0, rank=0, size=2, allgather=allgather, optimizer="adagrad",
+                    speeds=[1.0, 0.25])
+    assert rounds == rounds_seen
+    assert c.lr == pytest.approx(0.3 * 2.0 ** peak, rel=1e-3) and set(c.ranks) == {0}
+
+
 @pytest.mark.parametrize("slow, shares, plan", [(800.0, (2, 2), [[-1, 0], [-3, -2]]),
                                                 (400.0, (3, 0), [[-1, 0], [-2]])])
 def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow, shares, plan):
