@@ -204,9 +204,18 @@ class OptimConfig:
     lr auto, whose probe assumes the latter, refuses it (docs/accuracy.md)."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
+    plateau: float = 0.5
+    """With a validation split (data.validation): the rate (optim.lr, chosen or pinned) is
+    multiplied by this factor at an evaluation where the trained model's validation P@1 has not
+    passed its best for optim.plateau_epochs epochs since that best or the last cut. 1: the
+    rate stays as it is (docs/accuracy.md, "The rate cut on a plateau")."""
+    plateau_epochs: float = 1.0
+    """Epochs without a gain in validation P@1 before optim.plateau cuts the rate."""
 
     def validate(self, path: str) -> None:
-        _positive(self, path, "eps")
+        _positive(self, path, "eps", "plateau_epochs")
+        if not 0.0 < self.plateau <= 1.0:
+            raise ConfigError(f"{path}.plateau: a factor in (0, 1] (1: no cut), got {self.plateau}")
         if self.initial_accumulator < 0:
             raise ConfigError(f"{path}.initial_accumulator: must be >= 0, got "
                               f"{self.initial_accumulator}")

@@ -106,6 +106,9 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
             algo.set_lr(choice.lr)
             run.position.wall += choice.seconds
             log.say(choice.line())
+        if run.plateau():
+            log.say(f"optim.plateau: the rate x{cfg.optim.plateau:g} after "
+                    f"{cfg.optim.plateau_epochs:g} epoch(s) without a gain in validation P@1")
         window = cfg.train.window_rows(cluster.size)
         log.say(f"{cfg.train.algorithm} on {cluster.size} rank(s), {cluster.device}, "
                 f"{cluster.threads} thread(s) each, rounds of {window} rows; standalone rows/s "
@@ -116,6 +119,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
                     horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
                     mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),
                     calibration_s=round(t_cal, 3), lr=float(algo.cfg.optim.lr),
+                    lr_plateau=run.plateau(),
                     lr_choice=choice.record() if choice is not None else None)
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)
@@ -188,6 +192,17 @@ class Trainer:
                                              cfg.data.propensity_a, cfg.data.propensity_b)
         self.evaluator: Optional[Evaluator] = None
         self.faults = Faults.from_env(self.cluster.rank)
+        cut = [e for e in position.evals if "lr" in e]
+        if any(e.get("lr_cut") for e in cut):  # a resumed run goes on at the rate it had cut to
+            algo.set_lr(float(cut[-1]["lr"]))
+
+    def plateau(self) -> Optional[dict]:
+        """optim.plateau as this run applies it (the start record's lr_plateau): None without
+        a validation split or at a factor of 1."""
+        o = self.cfg.optim
+        if self.val_ds is None or o.plateau >= 1.0:
+            return None
+        return {"factor": o.plateau, "epochs": o.plateau_epochs}
 
     def warm_up(self) -> None:
         """The evaluation's functions traced and run once (Evaluator.warm_up), before the clock
@@ -289,6 +304,7 @@ class Trainer:
                     said += " (best: kept)"
             if pos.average is not None:
                 said += self.evaluate_average(model, progress, rec)
+            said += self.on_plateau(rec)
         pos.evals.append(rec)
         self.log.record(**rec)
         self.log.say(f"eval  epoch {progress:6.2f} | {pos.wall:7.1f} s | P@1 {m['p_at_1']:.4f} "
@@ -299,6 +315,19 @@ class Trainer:
         # clock as other ranks' wait or as rows the late rank never got to claim.
         self.faults.delay("eval")
         self.cluster.comm.Barrier()
+
+    def on_plateau(self, rec: dict) -> str:
+        """optim.plateau: records the rate in the evaluation `rec` (with a validation split),
+        cut first where `plateau_cut` says so (every rank alike: the validation P@1 is every
+        rank's); returns what the progress line adds."""
+        o = self.cfg.optim
+        cut = o.plateau < 1.0 and plateau_cut([*self.position.evals, rec], o.plateau_epochs)
+        if cut:
+            self.algo.set_lr(float(self.algo.cfg.optim.lr) * o.plateau)
+            rec["lr_cut"] = True
+        rec["lr"] = round(float(self.algo.cfg.optim.lr), 8)
+        return (f" | rate cut to {rec['lr']:.4g}: no gain in {o.plateau_epochs:g} epoch(s)"
+                if cut else "")
 
     def sample_average(self, progress: float) -> list:
         """Takes the evaluated model's weights at `progress` into checkpoint.average's running
@@ -395,6 +424,23 @@ def kept_score(e: dict) -> float:
     """An evaluation's claim to the kept model: its validation P@1, or checkpoint.average's
     where that is higher (-1 without a split)."""
     return max(e.get("val_p_at_1", -1.0), e.get("avg_val_p_at_1", -1.0))
+
+
+def plateau_cut(evals: list[dict], epochs: float) -> bool:
+    """Whether optim.plateau cuts the rate at the last of `evals`: its trained model's
+    validation P@1 is no higher than the best before it, and `epochs` or more have passed since
+    that best or the last cut. A function of the records alone, so a resumed run cuts where
+    the uninterrupted one would."""
+    best, since, cut = -1.0, 0.0, False
+    for e in evals:
+        if "val_p_at_1" not in e:
+            continue
+        cut = False
+        if e["val_p_at_1"] > best:
+            best, since = e["val_p_at_1"], e["epoch"]
+        elif e["epoch"] - since >= epochs - 1e-9:
+            since, cut = e["epoch"], True
+    return cut
 
 
 def evals_since_best(evals: list[dict]) -> int:
