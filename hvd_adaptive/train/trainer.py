@@ -433,9 +433,9 @@ def plateau_cut(evals: list[dict], epochs: float) -> bool:
     the uninterrupted one would."""
     best, since, cut = -1.0, 0.0, False
     for e in evals:
+        cut = False
         if "val_p_at_1" not in e:
             continue
-        cut = False
         if e["val_p_at_1"] > best:
             best, since = e["val_p_at_1"], e["epoch"]
         elif e["epoch"] - since >= epochs - 1e-9:

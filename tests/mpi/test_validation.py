@@ -18,10 +18,10 @@ from tests.harness.trained_run import TINY, cli
 
 @pytest.fixture(scope="module")
 def runs(noisy_files, tmp_path_factory):
-    """Three 2-rank sync runs on the noisy noisy_files with a tenth of the training rows held
-    out: evaluated every epoch, 5 epochs ("keep") and 12 with a patience of 2 ("early"); and 5
-    epochs evaluated every other with checkpoint.average, on the tiny data without noise
-    ("average")."""
+    """2-rank runs on the noisy noisy_files with a tenth of the training rows held out,
+    evaluated every epoch: sync for 5 epochs ("keep") and 12 with a patience of 2 ("early"),
+    adaptive SGD for 6 with a checkpoint a round ("plateau"); and sync for 5 epochs evaluated
+    every other with checkpoint.average, on the tiny data without noise ("average")."""
     root = tmp_path_factory.mktemp("validation")
     train_txt, test_txt = noisy_files
     # The average's run: the tiny data without noise, at a rate where the model's validation
@@ -37,7 +37,13 @@ def runs(noisy_files, tmp_path_factory):
             "average": (root / "average", (
                 f"data.train={clean_train}", f"data.test={clean_test}", "data.validation=0.1",
                 "train.eval_every=2", "train.epochs=5", "optim.lr=3", "checkpoint.average=0.75",
-                "checkpoint.every=1", "checkpoint.keep=100"))}
+                "checkpoint.every=1", "checkpoint.keep=100")),
+            # Adaptive SGD at a pinned rate (its rounds take optim.lr as it stands: no lr
+            # scaling, no warm-up), a checkpoint a round: the rate cut on a plateau.
+            "plateau": (root / "plateau", (*data, "train.algorithm=adaptive", "train.epochs=6",
+                                           "optim.plateau=0.5", "optim.plateau_epochs=1",
+                                           "checkpoint.average=0", "checkpoint.every=1",
+                                           "checkpoint.keep=100"))}
     return {name: (path, s) for (name, (path, _)), s in zip(spec.items(), train_many(2, spec).values())}
 
 
@@ -180,3 +186,56 @@ def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(noisy_files,
     assert row["tree_p1"] == tree["metrics"]["p_at_1"] and tree["train_rows"] == 1800
     reached = [e["wall_s"] for e in evals if e["p_at_1"] >= row["tree_p1"]]
     assert row["net_s_to_tree_p1"] == (reached[0] if reached else None)
+
+
+def _rates_in_force(run_dir) -> list[tuple[float, float]]:
+    """(the round's rate on every rank, the rate the records say is in force) per round: the
+    start's, or the one the last evaluation before the round left (its "lr")."""
+    start = (records(run_dir, "start") or records(run_dir, "resume"))[0]["lr"]
+    evals = records(run_dir, "eval")
+    out = []
+    for r in records(run_dir, "round"):
+        before = [e for e in evals if e["epoch"] < r["epoch"]]
+        force = before[-1]["lr"] if before else start
+        out += [(k["lr"], force) for k in r["ranks"]]
+    return out
+
+
+def test_the_rate_is_cut_where_validation_stops_rising_and_a_resumed_run_keeps_the_cut(runs, tmp_path):
+    """optim.plateau 0.5 after 1 epoch, on evaluations an epoch apart: every evaluation whose
+    validation P@1 is no higher than an earlier one halves the rate, and the rounds after it
+    train at the halved rate; resumed from a checkpoint after a cut, the run goes on at it."""
+    run_dir, _ = runs["plateau"]
+    start = records(run_dir, "start")[0]
+    assert start["lr_plateau"] == {"factor": 0.5, "epochs": 1.0} and start["lr"] == 1.5
+    evals = records(run_dir, "eval")
+    val, rate, cuts = [], 1.5, []
+    for e in evals:
+        cut = bool(val) and e["val_p_at_1"] <= max(val)
+        val.append(e["val_p_at_1"])
+        rate *= 0.5 if cut else 1.0
+        assert e.get("lr_cut", False) == cut and e["lr"] == pytest.approx(rate), (e, val)
+        cuts += [e["epoch"]] if cut else []
+    assert cuts and cuts[0] < evals[-1]["epoch"], (
+        f"the run must cut before its last evaluation for this test to mean anything: {val}")
+    for got, force in _rates_in_force(run_dir):
+        assert got == pytest.approx(force)
+    # By default (optim.plateau 1) nothing is cut, though the "keep" run's P@1 falls too.
+    keep_dir, _ = runs["keep"]
+    start = records(keep_dir, "start")[0]
+    assert start["lr_plateau"] is None
+    assert all(e["lr"] == start["lr"] and "lr_cut" not in e for e in records(keep_dir, "eval"))
+    # Cut back to two rounds after the first cut (4 rounds an epoch) and resumed.
+    again = tmp_path / "again"
+    shutil.copytree(run_dir, again)
+    keep = int(round(4 * cuts[0])) + 2
+    for p in (again / "checkpoints").glob("ckpt-*"):
+        if int(p.name.split("-")[1]) > keep:
+            shutil.rmtree(p)
+    train(2, again, "checkpoint.resume=auto", config=str(again / "config.json"))
+    (resume,) = records(again, "resume")
+    assert resume["round"] == keep
+    after = [r for r in records(again, "round") if r["round"] >= keep]
+    assert after and all(k["lr"] < 1.5 for k in after[0]["ranks"])
+    for got, force in _rates_in_force(again):
+        assert got == pytest.approx(force)

@@ -50,6 +50,9 @@ def test_the_split_is_carved_from_the_training_rows_only(noisy_files, tmp_path):
     (("data.validation=2.5",), "data.validation: a fraction in [0, 1) or a whole count"),
     (("train.patience=2",), "train.patience: 2 needs a validation split"),
     (("data.synth.label_noise=1.5",), "data.synth.label_noise: must be in [0, 1]"),
+    (("optim.plateau=0",), "optim.plateau: a factor in (0, 1] (1: no cut), got 0"),
+    (("optim.plateau=1.5",), "optim.plateau: a factor in (0, 1] (1: no cut), got 1.5"),
+    (("optim.plateau_epochs=0",), "optim.plateau_epochs: must be > 0, got 0"),
 ])
 def test_impossible_settings_name_the_key(sets, message, tmp_path):
     p = before_tf(["train", "--config", "configs/tiny.yaml", "--run-dir", str(tmp_path / "r"),
@@ -99,3 +102,23 @@ def test_the_tree_method_trains_on_the_same_rows(noisy_files, tmp_path):
     assert f"P@1 {got['metrics']['p_at_1']:.4f}" in p.stdout
 
 
+
+
+def test_the_rate_is_cut_after_the_plateau_s_epochs_without_a_gain_and_again_after_as_many():
+    """optim.plateau's rule on recorded evaluations every half epoch, a plateau of 1 epoch:
+    no cut half an epoch after the best, a cut a whole epoch after it, the next a whole epoch
+    after that cut, none once the validation P@1 rises again; records without it count not."""
+    from hvd_adaptive.train.trainer import plateau_cut
+
+    val = {0.5: 0.30, 1.0: 0.40, 1.5: 0.39, 2.0: 0.40, 2.5: 0.38, 3.0: 0.39, 3.5: 0.41,
+           4.0: 0.41, 4.5: 0.30}
+    evals, cut_at = [], []
+    for epoch, v in val.items():
+        evals.append({"epoch": epoch - 0.25})  # a record without a split's P@1: not counted
+        evals.append({"epoch": epoch, "val_p_at_1": v})
+        if plateau_cut(evals, 1.0):
+            cut_at.append(epoch)
+    assert cut_at == [2.0, 3.0, 4.5]
+    assert not plateau_cut(evals[:-2], 1.0) and plateau_cut(evals, 0.5)
+    assert not plateau_cut([*evals, {"epoch": 5.0}], 1.0)  # the last record has none
+    assert not plateau_cut([], 1.0)
