@@ -85,7 +85,7 @@ class LrChoice:
     steps: int
     rows: int              # rows a candidate trained
     held_out_rows: int
-    seconds: float         # the probe's wall time on the slowest rank (charged to the clock)
+    seconds: float         # the probe's wall time on the slowest rank, all of it (charged to the clock)
 
     def record(self) -> dict:
         def short(v):
@@ -410,7 +410,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
             todo = [hi + 1 + k for k in range(n) if hi + 1 + k <= MAX_DOUBLINGS]
         else:
             todo = []
-    # Every rank charges the same seconds to its clock: the slowest rank's whole search.
+    # The slowest rank's seconds in the search (`search` charges its set-up and the last
+    # putting back as well).
     seconds = max(allgather(time.perf_counter() - t0))
     js = sorted(judged)
     rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
@@ -429,27 +430,36 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
            restart_draws: Callable[[int], None] = lambda stream: None) -> LrChoice:
     """`choose` with the probe's rows of `ds`: each candidate sets the rate variable `lr`,
     runs `step(*batch)` on the probe's batches (`make_batch`: rows -> batch) from the model as
-    it stands, is judged by `scores` on the held-out rows (`HeldOut`) and put back by the
-    restore function that the context manager `unchanged()` yields. Each candidate's random
-    draws start from PROBE_STREAM (`restart_draws`). The project's algorithms (`probe`) and the
+    it stands and is judged by `scores` on the held-out rows (`HeldOut`); the restore function
+    that the context manager `unchanged()` yields puts the start back before the next
+    candidate, and the context's exit after the last. Each candidate's random draws start from
+    PROBE_STREAM (`restart_draws`). The choice's seconds are the slowest rank's whole search,
+    set-up and the last putting back included. The project's algorithms (`probe`) and the
     plain Horovod script each pass their own step, judge and variables."""
+    t0 = time.perf_counter()
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [make_batch(b) for b in probe_batches(train_rows)]
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
 
     with unchanged() as restore:
+        moved = [False]  # whether a candidate has trained since the start was last put back
+
         def try_rate(rate: float) -> tuple[float, float]:
+            if moved[0]:  # the previous candidate's model; the last one's goes on leaving
+                restore()
+            moved[0] = True
             lr.assign(rate)
             restart_draws(PROBE_STREAM)
             for b in steps:
                 step(*b)
-            judged = held(scores)
-            restore()
-            return judged
+            return held(scores)
 
         choice = choose(centre(cfg.optim.name, ds, train_rows), try_rate,
                         lambda: held.shared(scores, rank, size, allgather)[0],
                         rank, size, allgather, cfg.optim.name, speeds)
+    # The clock is charged the slowest rank's whole probe: its batches built, the start copied,
+    # the candidates, and the start put back after the last.
+    choice.seconds = max(allgather(time.perf_counter() - t0))
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
     return choice
 

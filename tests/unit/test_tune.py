@@ -287,7 +287,10 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
 def test_every_candidate_trains_from_the_same_start_which_comes_back():
     """tune.search (the project's probe and the plain script's): each candidate sets the rate,
     trains the probe's PROBE_STEPS batches from the start, is judged, and the start is put back
-    before the next; the rate and the model are the start's again at the end."""
+    before the next, and once after the last: the rate and the model are the start's again at
+    the end. The choice's seconds hold the whole search, copying the start included."""
+    import time
+    from contextlib import contextmanager
     from types import SimpleNamespace
 
     from hvd_adaptive.data import Dataset
@@ -301,7 +304,9 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
 
         def assign(self, v):
             self.x = np.array(v, float)
+            puts.append(self) if float(self.x) == 0.0 else None  # the start put back
 
+    puts = []
     n, labels = 3000, 10
     ds = Dataset(np.arange(n + 1), np.zeros(n, np.int32), np.ones(n, np.float32), np.arange(n + 1),
                  (np.arange(n) % labels).astype(np.int32), 1, labels)
@@ -316,13 +321,20 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
 
     cfg = SimpleNamespace(train=SimpleNamespace(batch_size=256, eval_memory_mb=64.0),
                           optim=SimpleNamespace(name="sgd"))
-    c = tune.search(cfg, ds, lambda rows: (rows,), step, scores, lr, lambda: tune.unchanged([w, lr]),
-                    0, 1, lambda x: [x])
+    @contextmanager
+    def unchanged():  # tune.unchanged, after a copy of the start that takes 0.3 s
+        time.sleep(0.3)
+        with tune.unchanged([w, lr]) as restore:
+            yield restore
+
+    c = tune.search(cfg, ds, lambda rows: (rows,), step, scores, lr, unchanged, 0, 1, lambda x: [x])
+    assert c.seconds >= 0.3
     judged = [(rate, at) for rate, at in seen if rate > 0]  # the start's judgement has rate 0
     assert len(judged) == len(c.candidates) >= 3, seen
     assert all(at == pytest.approx(tune.PROBE_STEPS * rate) for rate, at in judged), judged
     assert c.lr == pytest.approx(0.5, rel=1e-3)  # 32 steps of 0.5: w = 16
     assert float(w.x) == 0.0 and float(lr.x) == 0.0
+    assert puts.count(w) == len(c.candidates)  # not once more: the last candidate's is the exit's
     assert c.rows == tune.PROBE_STEPS * tune.PROBE_BATCH and c.held_out_rows == n // 4
     # The line said before the probe gives the sizes it used.
     said = tune.announce(n, 256)
