@@ -349,7 +349,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
            start_loss: Callable[[], float], rank: int, size: int,
            allgather: Callable[[object], list], optimizer: str,
            speeds: Optional[Sequence[float]] = None) -> LrChoice:
-    """The search every rank runs together; returns the choice every rank makes.
+    """The search every rank runs together; returns the choice every rank makes (its seconds
+    this rank's own; `search` replaces them by the slowest rank's whole probe).
 
     Rounds of candidates `start` x 2^j: first j = -1, 0 on one or two ranks, -1, 0, 1 on
     three, -2 to 1 on four alike ranks (one for each rank near the fastest, `width`, at least
@@ -410,9 +411,8 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
             todo = [hi + 1 + k for k in range(n) if hi + 1 + k <= MAX_DOUBLINGS]
         else:
             todo = []
-    # The slowest rank's seconds in the search (`search` charges its set-up and the last
-    # putting back as well).
-    seconds = max(allgather(time.perf_counter() - t0))
+    # This rank's seconds in the search; `search` charges the slowest rank's whole probe.
+    seconds = time.perf_counter() - t0
     js = sorted(judged)
     rates = [float(f"{start * 2.0 ** j:.4g}") for j in js]
     losses = [judged[j][0] for j in js]
@@ -442,12 +442,13 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
 
     with unchanged() as restore:
-        moved = [False]  # whether a candidate has trained since the start was last put back
+        moved = False  # whether a candidate has trained since the start was last put back
 
         def try_rate(rate: float) -> tuple[float, float]:
-            if moved[0]:  # the previous candidate's model; the last one's goes on leaving
+            nonlocal moved
+            if moved:  # the previous candidate's model; the last one's goes on leaving
                 restore()
-            moved[0] = True
+            moved = True
             lr.assign(rate)
             restart_draws(PROBE_STREAM)
             for b in steps:

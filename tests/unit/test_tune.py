@@ -51,7 +51,7 @@ def test_the_search_goes_past_the_edges_and_stops_at_the_best():
     rounds = []
 
     def allgather(x):
-        if isinstance(x, dict):  # a round's losses (the last call shares the seconds)
+        if isinstance(x, dict):  # a round's losses
             rounds.append(sorted(x))
         return [x]
 
