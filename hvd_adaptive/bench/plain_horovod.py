@@ -267,11 +267,29 @@ class PlainHorovod:
         def top5(ids, vals, seg, n):
             return tf.math.top_k(self.net.logits(ids, vals, seg, n), k=min(5, n_labels)).indices
 
-        @tf.function(input_signature=SIGNATURE, autograph=False)
-        def held_out(ids, vals, seg, labels, label_row, n):  # optim.lr auto's judge
-            z = self.net.logits(ids, vals, seg, n)
-            top = tune.top_labels(z, k=min(tune.TOP_K, n_labels))  # the project's judge
-            return self.net.xent(z, labels, label_row, n), top
+        @tf.function(input_signature=SIGNATURE + (tf.TensorSpec([None], tf.int64),
+                                                  tf.TensorSpec([None], tf.float32)),
+                     autograph=False)
+        def held_out(ids, vals, seg, labels, label_row, n, judged, corr):  # optim.lr auto's judge
+            # The project's judge (tune.HeldOut): every label, or the labels `judged` alone
+            # with their logits less `corr` in the loss (tune.judge_labels).
+            h = self.net.hidden(ids, vals, seg, n)
+            w, b = self.net.kernels[-1], self.net.biases[-1]
+            k = min(tune.TOP_K, n_labels)
+
+            def every():
+                z = tf.matmul(h, w, transpose_b=self.net.sampled) + b
+                return (self.net.xent(z, labels, label_row, n),
+                        tf.cast(tune.top_labels(z, k=k), tf.int64))
+
+            def among():
+                z = (tf.matmul(h, tf.gather(w, judged, axis=0 if self.net.sampled else 1),
+                               transpose_b=self.net.sampled) + tf.gather(b, judged))
+                where = tf.cast(tf.searchsorted(judged, tf.cast(labels, tf.int64)), tf.int32)
+                return (self.net.xent(z - corr, where, label_row, n),
+                        tf.gather(judged, tune.top_labels(z, k=k)))
+
+            return tf.cond(tf.size(judged) > 0, among, every)
 
         self.step, self.alone, self.top5, self.held_out = step, alone, top5, held_out
 

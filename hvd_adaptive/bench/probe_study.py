@@ -31,46 +31,58 @@ from hvd_adaptive.train.build import build_algorithm
 JUDGES = {"P@5": lambda p1, p5: p5, "P@1": lambda p1, p5: p1, "P@1+P@5": lambda p1, p5: p1 + p5}
 
 
-def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed: int) -> dict:
+def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed: int,
+          labels: str = "auto") -> dict:
     """{rate: {horizon: (loss, P@1, P@5)}} for one seed on the training rows `train`, and
-    prints a line per rate."""
+    prints a line per rate. `labels`: the judge's labels, as the probe takes them
+    (`tune.judge_labels` of the held-out rows and the rows of the longest horizon: "auto"),
+    every label ("all"), or both judges side by side ("both": a line per judge)."""
     algo = build_algorithm(cfg, cluster, train)
     algo.setup()
     algo.trace()
     perm = np.random.default_rng(seed * 1000 + 7).permutation(train.n_rows)
     held, rest = perm[:held_rows], perm[held_rows:]
-    judge = tune.HeldOut(train, held, cfg.train.eval_memory_mb, algo.batch)
-    out = {}
+    trained = rest[:max(horizons)] if max(horizons) <= len(rest) else rest
+    chosen = tune.judge_labels(train, trained, held)
+    every = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+    judges = {"auto": {"": chosen}, "all": {"": every},
+              "both": {" all": every, f" {len(chosen[0]) or train.n_labels} labels": chosen}}[labels]
+    judges = {name: tune.HeldOut(train, held, cfg.train.eval_memory_mb, algo.batch, labels=l)
+              for name, l in judges.items()}
+    out = {name: {} for name in judges}
     with algo.unchanged() as restore:
         for lr in rates:
             algo.opt.lr.assign(lr)
-            done, res, t0 = 0, {}, time.perf_counter()
+            done, res, t0 = 0, {name: {} for name in judges}, time.perf_counter()
             for h in horizons:
                 while done < h:
                     start = done % len(rest)
                     rows = rest[start:start + batch]
                     algo.probe_step(*algo.batch(rows))
                     done += len(rows)
-                sums = judge.sums(algo.held_out)
-                loss, p5 = judge.judged(sums)
-                res[h] = (loss, sums[4] / max(sums[3], 1.0), p5)
+                for name, judge in judges.items():
+                    sums = judge.sums(algo.held_out)
+                    loss, p5 = judge.judged(sums)
+                    res[name][h] = (loss, sums[4] / max(sums[3], 1.0), p5)
             restore()
-            out[lr] = res
-            print(f"seed {seed} lr {lr:g}  " + "  ".join(
-                f"{h}: {l:.4f}/{p1:.4f}/{p5:.4f}" for h, (l, p1, p5) in res.items())
-                + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
-    for h in horizons:
-        losses = [out[r][h][0] for r in rates]
-        picks = {}
-        for name, score in JUDGES.items():
-            scores = [score(*out[r][h][1:]) for r in rates]
-            i = tune.best(losses, scores)
-            picks[name] = (rates[i], tune.settle(rates, losses, scores, i))
-        best, rule = picks.pop("P@5")
-        print(f"seed {seed} rows {h}: the rule picks {rule:g} (the best candidate {best:g}; "
-              + ", ".join(f"by {name}: {b:g}, then {r:g}" for name, (b, r) in picks.items())
-              + ")", flush=True)
-    return out
+            for name in judges:
+                out[name][lr] = res[name]
+                print(f"seed {seed} lr {lr:g}{name}  " + "  ".join(
+                    f"{h}: {l:.4f}/{p1:.4f}/{p5:.4f}" for h, (l, p1, p5) in res[name].items())
+                    + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    for name in judges:
+        for h in horizons:
+            losses = [out[name][r][h][0] for r in rates]
+            picks = {}
+            for score_name, score in JUDGES.items():
+                scores = [score(*out[name][r][h][1:]) for r in rates]
+                i = tune.best(losses, scores)
+                picks[score_name] = (rates[i], tune.settle(rates, losses, scores, i))
+            best, rule = picks.pop("P@5")
+            print(f"seed {seed}{name} rows {h}: the rule picks {rule:g} (the best candidate {best:g}; "
+                  + ", ".join(f"by {n}: {b:g}, then {r:g}" for n, (b, r) in picks.items())
+                  + ")", flush=True)
+    return out[next(iter(judges))]
 
 
 def main(argv=None) -> None:
@@ -83,6 +95,9 @@ def main(argv=None) -> None:
                     help="probe rows after which the candidates are judged")
     ap.add_argument("--batch", type=int, default=tune.PROBE_BATCH)
     ap.add_argument("--held", type=int, default=tune.HELD_OUT_ROWS, help="held-out rows")
+    ap.add_argument("--labels", choices=("auto", "all", "both"), default="auto",
+                    help="the judge's labels: as the probe takes them (tune.judge_labels), every "
+                         "label, or both judges side by side")
     a = ap.parse_args(argv)
     cluster = distributed.init(threads=1)
     print("loss/P@1/P@5 of the held-out rows after that many probe rows", flush=True)
@@ -92,7 +107,7 @@ def main(argv=None) -> None:
         cfg = resolve(cfg, 1)
         if train is None:
             train, _ = split_validation(cfg, load_data(cfg, True, cluster.comm.Barrier)[0])
-        study(cfg, cluster, train, a.rates, sorted(a.horizons), a.batch, a.held, seed)
+        study(cfg, cluster, train, a.rates, sorted(a.horizons), a.batch, a.held, seed, a.labels)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ BATCH_SIGNATURE = (
     tf.TensorSpec([None], tf.float32),  # label_w
     tf.TensorSpec([], tf.int32),        # size
 )
+# The probe's judge (SparseMLP.loss_and_top) takes a batch and the labels it scores.
+JUDGE_SIGNATURE = (
+    *BATCH_SIGNATURE,
+    tf.TensorSpec([None], tf.int64),    # labels (empty: every label)
+    tf.TensorSpec([None], tf.float32),  # their corrections in the loss
+)
 
 
 def batch_tensors(b: Batch) -> tuple:
@@ -231,14 +237,31 @@ class SparseMLP(tf.Module):
                                    label_w, size, training)
 
     def loss_and_top(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
-                     k: int = 5, top_labels=None):
-        """From one pass over every label: the full softmax's cross-entropy (whatever
-        `output`; the loss a sampled model approximates) and each row's k best labels, by
-        `top_labels(logits, k)` (default `tf.math.top_k`'s indices)."""
-        z = self.logits(feat_ids, feat_vals, feat_seg, size)
-        k = min(k, self.n_labels)
-        top = top_labels(z, k) if top_labels else tf.math.top_k(z, k=k).indices
-        return _softmax_xent(z, label_ids, label_seg, label_w, size), top
+                     labels, corrections, k: int = 5, top_labels=None):
+        """The probe's judge (hvd_adaptive.train.tune.HeldOut): the softmax's cross-entropy
+        (whatever `output`; the loss a sampled model approximates) and each row's k best label
+        ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over every label
+        when `labels` is empty, else over `labels` alone (ascending, holding every label of the
+        rows), their logits less `corrections` in the loss (tune.judge_labels)."""
+        h = self.hidden(feat_ids, feat_vals, feat_seg, size)
+        w, b = self.layers[-1], self.biases[-1]
+
+        def top(z, n):
+            return tf.cast(top_labels(z, k) if top_labels else tf.math.top_k(z, k=min(k, n)).indices,
+                           tf.int64)
+
+        def every():
+            z = tf.matmul(h, w, transpose_b=self.sampled) + b
+            return _softmax_xent(z, label_ids, label_seg, label_w, size), top(z, self.n_labels)
+
+        def among():
+            z = (tf.matmul(h, tf.gather(w, labels, axis=0 if self.sampled else 1),
+                           transpose_b=self.sampled) + tf.gather(b, labels))
+            where = tf.searchsorted(labels, tf.cast(label_ids, tf.int64))
+            return (_softmax_xent(z - corrections, where, label_seg, label_w, size),
+                    tf.gather(labels, top(z, k)))
+
+        return tf.cond(tf.size(labels) > 0, among, every)
 
     def candidates(self, label_ids):
         """The batch's candidate labels: its positives (always in, no correction) then the

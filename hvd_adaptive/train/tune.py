@@ -70,6 +70,16 @@ BRACKET_SHARE = 0.2
 # speeds differ, well below the 2 times a second candidate takes on the fastest rank; a
 # candidate more a round can spare a later round.
 ROUND_SLACK = 0.4
+# The judge's labels where there are many (`judge_labels`): the candidates' logits over every
+# label cost the judge a matmul that grows with the label count, while the sampled loss's steps
+# do not. Scored exactly: every positive label of the probe's training rows and of the held-out
+# rows (the only labels whose output rows the probe's steps move towards rows) and the
+# JUDGE_FREQUENT most frequent training labels (those a short training ranks high). The rest
+# enter the loss's normalizer through JUDGE_SAMPLE of them drawn uniformly, each standing for
+# rest / JUDGE_SAMPLE labels. Used where that set is at most half of the labels, else every
+# label is scored.
+JUDGE_FREQUENT = 2048
+JUDGE_SAMPLE = 2048
 
 
 @dataclass
@@ -85,6 +95,7 @@ class LrChoice:
     steps: int
     rows: int              # rows a candidate trained
     held_out_rows: int
+    judged_labels: int     # labels the judge scored (`judge_labels`; every label where as many)
     seconds: float         # the probe's wall time on the slowest rank, all of it (charged to the clock)
 
     def record(self) -> dict:
@@ -97,8 +108,8 @@ class LrChoice:
                           zip(self.candidates, self.losses, self.p_at_5))
         alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
         return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of {self.held_out_rows} "
-                f"rows after {self.steps} steps of {self.rows // max(self.steps, 1)} rows, loss from "
-                f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
+                f"rows over {self.judged_labels} labels after {self.steps} steps of "
+                f"{self.rows // max(self.steps, 1)} rows, loss from {self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
 def copies(variables: Sequence) -> list[np.ndarray]:
@@ -162,29 +173,60 @@ def centre(optimizer: str, ds, rows: np.ndarray) -> float:
     return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
 
 
+def judge_labels(ds, train_rows: np.ndarray, held_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The labels the judge scores and each one's correction (JUDGE_FREQUENT, JUDGE_SAMPLE):
+    (labels ascending int64, float32 to subtract from their logits in the loss: 0 for the labels
+    scored exactly, -log(rest / JUDGE_SAMPLE) for each drawn one). Two empty arrays where that
+    set would be more than half of the labels: the judge then scores every label. The draw is
+    seeded (PROBE_SEED), so every rank and every candidate is judged over the same labels."""
+    n = ds.n_labels
+    counts = ds.label_frequencies()
+    frequent = np.argsort(-counts, kind="stable")[:JUDGE_FREQUENT]
+    rows = np.concatenate([train_rows, held_rows])
+    seen = ds.labels[rows].indices if len(rows) else np.zeros(0, np.int64)
+    exact = np.union1d(frequent, seen).astype(np.int64)
+    rest = np.setdiff1d(np.arange(n, dtype=np.int64), exact, assume_unique=True)
+    drawn_count = min(JUDGE_SAMPLE, len(rest))
+    if len(exact) + drawn_count > n // 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    drawn = np.random.default_rng(PROBE_SEED).choice(rest, drawn_count, replace=False)
+    labels = np.concatenate([exact, drawn])
+    corr = np.concatenate([np.zeros(len(exact), np.float32),
+                           np.full(drawn_count, -math.log(len(rest) / drawn_count), np.float32)])
+    order = np.argsort(labels, kind="stable")
+    return labels[order], corr[order]
+
+
 class HeldOut:
-    """The probe's judge: its held-out rows in chunks whose logits over every label fit in
+    """The probe's judge: its held-out rows in chunks whose logits over the judged labels fit in
     `memory_mb`, at least `pieces` of them (the ranks that share the start's judgement), each
     chunk's batch built once by `make_batch` (rows of `ds` -> the batch the caller's scoring
-    function takes)."""
+    function takes) and followed by `labels` (`judge_labels`; empty: every label)."""
 
     def __init__(self, ds, rows: np.ndarray, memory_mb: float,
-                 make_batch: Callable[[np.ndarray], tuple], pieces: int = 1):
-        self.parts = [(make_batch(r), ds.subset(r))
-                      for r in self.chunks(ds, rows, memory_mb, pieces)]
+                 make_batch: Callable[[np.ndarray], tuple], pieces: int = 1,
+                 labels: Optional[tuple[np.ndarray, np.ndarray]] = None):
+        self.labels = labels if labels is not None else (np.zeros(0, np.int64),
+                                                         np.zeros(0, np.float32))
+        width = len(self.labels[0]) or ds.n_labels
+        self.parts = [((*make_batch(r), *self.labels), ds.subset(r))
+                      for r in self.chunks(ds, rows, memory_mb, pieces, width)]
 
     @staticmethod
-    def chunks(ds, rows: np.ndarray, memory_mb: float, pieces: int = 1) -> list[np.ndarray]:
-        """`rows` cut into the judge's chunks (non-empty, in order)."""
-        per = max(1, int(memory_mb * 2**20 // (4 * max(ds.n_labels, 1))))
+    def chunks(ds, rows: np.ndarray, memory_mb: float, pieces: int = 1,
+               width: Optional[int] = None) -> list[np.ndarray]:
+        """`rows` cut into the judge's chunks (non-empty, in order), each chunk's logits over
+        `width` labels (default: every label) within `memory_mb`."""
+        per = max(1, int(memory_mb * 2**20 // (4 * max(width or ds.n_labels, 1))))
         cut = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
         return [r for r in cut if len(r)]
 
     def sums(self, scores: Callable[..., tuple], rank: int = 0, size: int = 1) -> np.ndarray:
         """[loss summed over the rows with labels, rows with labels, hits in the top TOP_K,
         rows, hits at the top] over chunks rank, rank + size, ... (all by default);
-        `scores(*batch)` returns a chunk's mean loss and its top labels. Ranks that split the
-        chunks add their sums."""
+        `scores(*batch, labels, corrections)` returns a chunk's mean loss over the judged labels
+        (every label when `labels` is empty; else their logits less `corrections`) and its top
+        label ids among them. Ranks that split the chunks add their sums."""
         out = np.zeros(5)
         for b, sub in self.parts[rank::size]:
             loss, top = scores(*b)
@@ -219,10 +261,13 @@ def top_labels(z, k: int = TOP_K, width: int = TOP_BLOCK):
     as long as the logits' matmul; docs/benchmark.md). Both judges of the probe use it."""
     from hvd_adaptive.tfload import tf
 
-    n = int(z.shape[1])
-    if n <= 4 * k * width:
+    n = z.shape[1]
+    if n is not None and n <= 4 * k * width:
         return tf.math.top_k(z, k=min(k, n)).indices
-    blocks = -(-n // width)
+    # A label count known only at run time (the judge's labels, `judge_labels`) takes the
+    # blocks whatever it is: it is at least JUDGE_FREQUENT + JUDGE_SAMPLE, k blocks and more.
+    n = tf.shape(z)[1]
+    blocks = (n + width - 1) // width
     zb = tf.reshape(tf.pad(z, [[0, 0], [0, blocks * width - n]], constant_values=-np.inf),
                     [-1, blocks, width])
     _, best_blocks = tf.math.top_k(tf.reduce_max(zb, axis=2), k=k)
@@ -237,8 +282,10 @@ def warm_up(cfg, ds, make_batch: Callable[[np.ndarray], tuple], scores: Callable
     (the same shape), so its first execution, which took 0.3-0.7 s more than the next at
     67,009 labels, is start-up before the clock like the steps' (`Algorithm.trace`); the
     plain Horovod script does the same."""
-    _, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
-    scores(*make_batch(HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size)[0]))
+    train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
+    labels = judge_labels(ds, train_rows, held_rows)
+    first = HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size, len(labels[0]) or None)[0]
+    scores(*make_batch(first), *labels)
 
 
 def paces(speeds: Optional[Sequence[float]], size: int) -> list[float]:
@@ -420,7 +467,7 @@ def choose(start: float, try_rate: Callable[[float], tuple[float, float]],
     return LrChoice(lr=pick(rates, losses, p5s, start_loss, optimizer), candidates=rates,
                     losses=losses, p_at_5=p5s, start_loss=float(start_loss),
                     ranks=[trained_by[j] for j in js], steps=PROBE_STEPS,
-                    rows=0, held_out_rows=0, seconds=seconds)
+                    rows=0, held_out_rows=0, judged_labels=0, seconds=seconds)
 
 
 def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..., object],
@@ -439,7 +486,8 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     t0 = time.perf_counter()
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [make_batch(b) for b in probe_batches(train_rows)]
-    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size)
+    held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size,
+                   judge_labels(ds, train_rows, held_rows))
 
     with unchanged() as restore:
         moved = False  # whether a candidate has trained since the start was last put back
@@ -462,6 +510,7 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     # the candidates, and the start put back after the last.
     choice.seconds = max(allgather(time.perf_counter() - t0))
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
+    choice.judged_labels = len(held.labels[0]) or ds.n_labels
     return choice
 
 

@@ -178,10 +178,12 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
                      r"the training rows have labels", p.stdout + p.stderr), explain(p)
 
 
-def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
+@pytest.mark.parametrize("labels", [100, 20000])
+def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path, labels):
     """The benchmark's yardstick takes optim.lr auto the same way (hvd_adaptive.train.tune.choose):
-    the same candidates, rows and rule, with its own step, from the same start."""
-    sets = [*ADAGRAD, "train.epochs=0.5"]
+    the same candidates, rows and rule, with its own step, from the same start, judged over the
+    same labels: every label of 100, a part of 20,000 (tune.judge_labels)."""
+    sets = [*ADAGRAD, "train.epochs=0.5", f"data.synth.n_labels={labels}"]
     project = train(2, tmp_path / "project", *sets)
     args = ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml",
             "--run-dir", str(tmp_path / "plain")]
@@ -205,7 +207,37 @@ def test_the_plain_horovod_script_chooses_as_the_project_does(tmp_path):
         assert theirs["losses"][j] == pytest.approx(ours["losses"][i], rel=1e-3), (c, theirs, ours)
         assert theirs["p_at_5"][j] == pytest.approx(ours["p_at_5"][i], abs=1e-3), (c, theirs, ours)
     assert theirs["start_loss"] == pytest.approx(ours["start_loss"], rel=1e-5)
+    assert theirs["judged_labels"] == ours["judged_labels"]
+    if labels == 100:
+        assert ours["judged_labels"] == 100, ours
+    else:
+        assert tune.JUDGE_FREQUENT + tune.JUDGE_SAMPLE <= ours["judged_labels"] <= labels // 2, ours
     assert project["final"]["p_at_1"] > 0
+
+
+def test_the_judge_over_a_part_of_many_labels_ranks_as_the_judge_over_every_label():
+    """bench.probe_study --labels both, 20,000 labels: after each candidate's probe rows the
+    judge over tune.judge_labels finds the same P@1 and P@5 as the judge over every label (the
+    labels a short probe ranks high are among those it scores) and a loss within 1% (the rest
+    of the labels enter it by a draw), and the rule picks the same rate from either."""
+    p = mpirun(1, ["-m", "hvd_adaptive.bench.probe_study", "--config", "configs/tiny.yaml",
+                   "--set", "optim.name=rowwise_adagrad", "--set", "data.synth.n_labels=20000",
+                   "--rates", "0.05", "0.1", "0.2", "0.4", "--horizons", "1024", "--held", "500",
+                   "--labels", "both"], timeout=180)
+    assert p.returncode == 0, explain(p)
+    lines = re.findall(r"seed 1 lr ([0-9.]+) (all|[0-9]+ labels)  1024: ([0-9.]+)/([0-9.]+)/([0-9.]+)",
+                       p.stdout)
+    judged = {(float(r), "all" if who == "all" else "part"): [float(x) for x in v]
+              for r, who, *v in lines}
+    assert len(judged) == 8, p.stdout
+    part = int(re.search(r"seed 1 lr 0.05 ([0-9]+) labels", p.stdout).group(1))
+    assert tune.JUDGE_FREQUENT + tune.JUDGE_SAMPLE <= part <= 10000, p.stdout
+    for rate in (0.05, 0.1, 0.2, 0.4):
+        (la, p1a, p5a), (lp, p1p, p5p) = judged[rate, "all"], judged[rate, "part"]
+        assert (p1p, p5p) == (p1a, p5a), (rate, judged)
+        assert lp == pytest.approx(la, rel=0.01), (rate, judged)
+    picks = re.findall(r"seed 1 (?:all|[0-9]+ labels) rows 1024: the rule picks ([0-9.]+)", p.stdout)
+    assert len(picks) == 2 and picks[0] == picks[1], p.stdout
 
 
 def test_a_resumed_run_keeps_its_choice_without_a_new_probe(tmp_path):

@@ -50,7 +50,39 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     assert smoothed != pytest.approx(numpy_loss(m, b), rel=1e-3)
     # evaluation, and optim.lr auto's judge, see the plain target
     assert float(m.loss(*batch_tensors(b), training=False)) == pytest.approx(numpy_loss(m, b), rel=1e-5)
-    assert float(m.loss_and_top(*batch_tensors(b))[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
+    every = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+    assert float(m.loss_and_top(*batch_tensors(b), *every)[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
+
+
+@pytest.mark.parametrize("output", ["full", "sampled"])
+def test_the_judge_scores_every_label_or_the_labels_given_with_their_corrections(output):
+    """optim.lr auto's judge (`loss_and_top`): over every label, the loss and top labels of the
+    whole softmax; over the labels given (tune.judge_labels), the softmax of those alone, their
+    logits less the corrections, and the best label ids among them."""
+    m = SparseMLP(6, 40, ModelConfig(hidden=[5], init_seed=3, output=output, negatives=8),
+                  label_freq=np.ones(40, np.int64))
+    b = tiny_batch()
+    w = [v.numpy().astype(np.float64) for v in m.variables_list]
+    x = np.zeros((b.size, 6))
+    np.add.at(x, (b.feat_seg, b.feat_ids), b.feat_vals)
+    z = np.maximum(x @ w[0] + w[1], 0) @ (w[2].T if output == "sampled" else w[2]) + w[3]
+
+    def xent(z, label_ids):
+        lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+        picked = z[b.label_seg, label_ids]
+        return float((lse[:2].sum() - (b.label_w * picked).sum()) / 2)  # row 2 has no labels
+
+    every = m.loss_and_top(*batch_tensors(b), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    assert float(every[0]) == pytest.approx(xent(z, b.label_ids), rel=1e-5)
+    np.testing.assert_array_equal(every[1].numpy(), np.argsort(-z, 1, kind="stable")[:, :5])
+    labels = np.array([0, 2, 3, 9, 17, 25, 31, 39], np.int64)  # the rows' labels 0, 2, 3 and five
+    corr = np.array([0, 0, 0, -1.5, -1.5, 0, -1.5, 0], np.float32)
+    among = m.loss_and_top(*batch_tensors(b), labels, corr)
+    sub = z[:, labels]
+    assert float(among[0]) == pytest.approx(xent(sub - corr, np.searchsorted(labels, b.label_ids)),
+                                            rel=1e-5)
+    np.testing.assert_array_equal(among[1].numpy(), labels[np.argsort(-sub, 1, kind="stable")[:, :5]])
+    assert float(among[0]) != pytest.approx(float(every[0]), rel=1e-3)
 
 
 def test_gradient_is_row_sparse_and_matches_finite_differences():

@@ -40,7 +40,8 @@ def test_a_neighbour_judged_alike_takes_the_rate_between_them():
     assert tune.pick([0.05, 0.1], [2.0, 2.0], [0.30, 0.30], 3.0, "adagrad") == pytest.approx(0.07071, rel=1e-3)
     # the printed choice says when its rate lies between two candidates
     c = tune.LrChoice(lr=0.07155, candidates=rates, losses=losses, p_at_5=p5, start_loss=11.1,
-                      ranks=[0, 1, 0, 1], steps=32, rows=2048, held_out_rows=1024, seconds=1.7)
+                      ranks=[0, 1, 0, 1], steps=32, rows=2048, held_out_rows=1024,
+                      judged_labels=67009, seconds=1.7)
     assert c.line().startswith("optim.lr auto: 0.07155, between the two best, judged alike (")
     assert dataclasses.replace(c, lr=0.05059).line().startswith("optim.lr auto: 0.05059 (")
 
@@ -257,7 +258,7 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     rows = np.arange(n)
     seen = []
 
-    def scores(rows_in_chunk):
+    def scores(rows_in_chunk, *judged_labels):
         seen.append(len(rows_in_chunk))
         # loss = the first row's id; row r's label r is first for even r, second for odd r
         top = np.array([[r if r % 2 == 0 else labels - 1, 998 if r % 2 == 0 else r, 997, 996, 995]
@@ -282,6 +283,43 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     # `shared`: each rank scores its share, one allgather adds them (two ranks played here).
     for rank in (0, 1):
         assert split.shared(scores, rank, 2, lambda mine: [mine, halves[1 - rank]]) == pytest.approx(split(scores))
+
+
+def test_the_judge_scores_the_rows_labels_the_frequent_ones_and_a_draw_standing_for_the_rest():
+    """`judge_labels` where labels are many: every label of the probe's training and held-out
+    rows, the JUDGE_FREQUENT most frequent, and JUDGE_SAMPLE drawn from the rest, each drawn one
+    corrected by -log(rest / JUDGE_SAMPLE); ascending, the same on every call. Where that set
+    would be more than half of the labels: empty (every label is scored)."""
+    from hvd_adaptive.data import Dataset
+
+    n_rows, n_labels = 3000, 40000
+    rng = np.random.default_rng(0)
+    # row r: label r (its own, rare) and one of the 3,000 most frequent labels
+    common = 10000 + (rng.zipf(1.5, n_rows) % 3000)
+    label_indices = np.stack([np.arange(n_rows), common], 1).ravel().astype(np.int32)
+    ds = Dataset(np.arange(n_rows + 1), np.zeros(n_rows, np.int32), np.ones(n_rows, np.float32),
+                 np.arange(0, 2 * n_rows + 1, 2), label_indices, 1, n_labels)
+    train, held = np.arange(0, 1000), np.arange(2000, 2500)
+    labels, corr = tune.judge_labels(ds, train, held)
+    assert np.all(np.diff(labels) > 0) and labels.dtype == np.int64 and corr.dtype == np.float32
+    got = set(labels.tolist())
+    rows_labels = set(ds.labels[np.concatenate([train, held])].indices.tolist())
+    assert rows_labels <= got                                      # every row's labels
+    freq = ds.label_frequencies()
+    frequent = set(np.argsort(-freq, kind="stable")[:tune.JUDGE_FREQUENT].tolist())
+    assert frequent <= got
+    exact = rows_labels | frequent
+    drawn = got - exact
+    assert len(drawn) == tune.JUDGE_SAMPLE
+    rest = n_labels - len(exact)
+    by_label = dict(zip(labels.tolist(), corr.tolist()))
+    assert all(by_label[x] == 0.0 for x in exact)
+    assert all(by_label[x] == pytest.approx(-np.log(rest / tune.JUDGE_SAMPLE)) for x in drawn)
+    again = tune.judge_labels(ds, train, held)
+    np.testing.assert_array_equal(again[0], labels)
+    # the same rows over 8,000 labels: the set would be more than half of them
+    few = Dataset(ds.indptr, ds.indices, ds.values, ds.label_indptr, label_indices % 8000, 1, 8000)
+    assert [len(x) for x in tune.judge_labels(few, train, held)] == [0, 0]
 
 
 def test_every_candidate_trains_from_the_same_start_which_comes_back():
@@ -315,7 +353,7 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
     def step(*batch):  # sgd on w: one step of the rate
         w.assign(w.x + lr.x)
 
-    def scores(rows):  # loss lowest at w = 16, the same ranking for every model
+    def scores(rows, *judged_labels):  # loss lowest at w = 16, the same ranking for every model
         seen.append((float(lr.x), float(w.x)))
         return (float(w.x) - 16.0) ** 2 + 1.0, np.tile(np.arange(5), (len(rows), 1))
 
@@ -360,7 +398,7 @@ def test_every_rank_charges_the_slowest_ranks_whole_probe():
         def assign(self, v):
             state["lr"] = v
 
-    def scores(rows):
+    def scores(rows, *judged_labels):
         return (state["w"] - 16.0) ** 2 + 1.0, np.tile(np.arange(5), (len(rows), 1))
 
     def step(*batch):
@@ -413,7 +451,7 @@ def test_the_judge_runs_once_before_the_clock_on_the_shape_it_will_score():
                  np.arange(n + 1), np.arange(n, dtype=np.int32) % labels, 1, labels)
     cfg = load_config("configs/tiny.yaml", ["train.eval_memory_mb=0.1"])[0]
     calls = []
-    tune.warm_up(cfg, ds, lambda r: (r,), lambda rows: calls.append(rows), size=2)
+    tune.warm_up(cfg, ds, lambda r: (r,), lambda rows, *_: calls.append(rows), size=2)
     _, held = tune.probe_rows(n, cfg.train.batch_size)
     first = tune.HeldOut(ds, held, 0.1, lambda r: (r,), 2).parts[0][0][0]
     assert len(calls) == 1 and len(first) < len(held)

@@ -28,7 +28,8 @@ from hvd_adaptive.parallel.distributed import Cluster, threads_cpu_s
 from hvd_adaptive.train import checkpoint as ck
 from hvd_adaptive.train.hetero import Heterogeneity
 from hvd_adaptive.train.periodic import itstime
-from hvd_adaptive.model.network import BATCH_SIGNATURE, Optimizer, SparseMLP, batch_tensors
+from hvd_adaptive.model.network import (BATCH_SIGNATURE, JUDGE_SIGNATURE, Optimizer, SparseMLP,
+                                        batch_tensors)
 from hvd_adaptive.train.tune import TOP_K, top_labels, unchanged, warm_up
 
 
@@ -185,7 +186,7 @@ class Algorithm:
 
         self._local_step = local_step
 
-        @tf.function(input_signature=BATCH_SIGNATURE, autograph=False)
+        @tf.function(input_signature=JUDGE_SIGNATURE, autograph=False)
         def held_out(*batch):  # optim.lr auto's judge (hvd_adaptive.train.tune.HeldOut)
             return self.model.loss_and_top(*batch, k=TOP_K, top_labels=top_labels)
 
