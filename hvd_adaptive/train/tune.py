@@ -117,13 +117,24 @@ def copies(variables: Sequence) -> list[np.ndarray]:
     return [np.array(v.numpy(), copy=True) for v in variables]
 
 
+def snapshots(variables: Sequence) -> list:
+    """Copies of `variables` (tf.Variables) held by TensorFlow, never aliases of them. Putting
+    one back copies it into the variable's own buffer, where a host numpy copy became a newly
+    allocated tensor at every putting back: on 8 quarter-core ranks at 67,009 labels the first
+    pages of those 150 MB took a rank 1-2 s inside its quota (docs/benchmark.md)."""
+    from hvd_adaptive.tfload import tf
+
+    return [tf.raw_ops.DeepCopy(x=v.read_value()) for v in variables]
+
+
 @contextmanager
 def unchanged(variables: Sequence, saved: Optional[list] = None) -> Iterator[Callable[[], None]]:
     """Steps run inside change none of `variables` (tf.Variables: a model, its optimizer's
     state, its rate): they are put back afterwards. Yields the function that puts them back,
     for use in between (each candidate of the probe starts from the same place). `saved`:
-    their values as `copies` already took them, put back instead of taking new copies."""
-    saved = copies(variables) if saved is None else saved
+    their values as `copies` already took them, put back instead of taking new ones
+    (`snapshots`)."""
+    saved = snapshots(variables) if saved is None else saved
 
     def restore() -> None:
         for v, x in zip(variables, saved):
