@@ -340,6 +340,10 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
         def numpy(self):
             return self.x
 
+        def read_value(self):
+            from hvd_adaptive.tfload import tf
+            return tf.constant(self.x)
+
         def assign(self, v):
             self.x = np.array(v, float)
             puts.append(self) if float(self.x) == 0.0 else None  # the start put back
