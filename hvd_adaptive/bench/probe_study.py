@@ -42,9 +42,8 @@ def study(cfg, cluster, train, rates, horizons, batch: int, held_rows: int, seed
     algo.trace()
     perm = np.random.default_rng(seed * 1000 + 7).permutation(train.n_rows)
     held, rest = perm[:held_rows], perm[held_rows:]
-    trained = rest[:max(horizons)] if max(horizons) <= len(rest) else rest
-    chosen = tune.judge_labels(train, trained, held)
-    every = (np.zeros(0, np.int64), np.zeros(0, np.float32))
+    chosen = tune.judge_labels(train, rest[:max(horizons)], held)
+    every = tune.EVERY_LABEL
     judges = {"auto": {"": chosen}, "all": {"": every},
               "both": {" all": every, f" {len(chosen[0]) or train.n_labels} labels": chosen}}[labels]
     judges = {name: tune.HeldOut(train, held, cfg.train.eval_memory_mb, algo.batch, labels=l)

@@ -246,20 +246,21 @@ class SparseMLP(tf.Module):
         h = self.hidden(feat_ids, feat_vals, feat_seg, size)
         w, b = self.layers[-1], self.biases[-1]
 
-        def top(z, n):
-            return tf.cast(top_labels(z, k) if top_labels else tf.math.top_k(z, k=min(k, n)).indices,
+        def top(z):
+            n = min(k, self.n_labels)
+            return tf.cast(top_labels(z, n) if top_labels else tf.math.top_k(z, k=n).indices,
                            tf.int64)
 
         def every():
             z = tf.matmul(h, w, transpose_b=self.sampled) + b
-            return _softmax_xent(z, label_ids, label_seg, label_w, size), top(z, self.n_labels)
+            return _softmax_xent(z, label_ids, label_seg, label_w, size), top(z)
 
         def among():
             z = (tf.matmul(h, tf.gather(w, labels, axis=0 if self.sampled else 1),
                            transpose_b=self.sampled) + tf.gather(b, labels))
             where = tf.searchsorted(labels, tf.cast(label_ids, tf.int64))
             return (_softmax_xent(z - corrections, where, label_seg, label_w, size),
-                    tf.gather(labels, top(z, k)))
+                    tf.gather(labels, top(z)))
 
         return tf.cond(tf.size(labels) > 0, among, every)
 

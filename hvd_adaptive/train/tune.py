@@ -80,6 +80,8 @@ ROUND_SLACK = 0.4
 # label is scored.
 JUDGE_FREQUENT = 2048
 JUDGE_SAMPLE = 2048
+# `judge_labels`' answer where every label is scored: no labels, no corrections.
+EVERY_LABEL = (np.zeros(0, np.int64), np.zeros(0, np.float32))
 
 
 @dataclass
@@ -109,7 +111,8 @@ class LrChoice:
         alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
         return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of {self.held_out_rows} "
                 f"rows over {self.judged_labels} labels after {self.steps} steps of "
-                f"{self.rows // max(self.steps, 1)} rows, loss from {self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
+                f"{self.rows // max(self.steps, 1)} rows, loss from {self.start_loss:.4f}: "
+                f"{tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
 def copies(variables: Sequence) -> list[np.ndarray]:
@@ -187,19 +190,18 @@ def centre(optimizer: str, ds, rows: np.ndarray) -> float:
 def judge_labels(ds, train_rows: np.ndarray, held_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The labels the judge scores and each one's correction (JUDGE_FREQUENT, JUDGE_SAMPLE):
     (labels ascending int64, float32 to subtract from their logits in the loss: 0 for the labels
-    scored exactly, -log(rest / JUDGE_SAMPLE) for each drawn one). Two empty arrays where that
-    set would be more than half of the labels: the judge then scores every label. The draw is
+    scored exactly, -log(rest / JUDGE_SAMPLE) for each drawn one). EVERY_LABEL where that set
+    would be more than half of the labels: the judge then scores every label. The draw is
     seeded (PROBE_SEED), so every rank and every candidate is judged over the same labels."""
     n = ds.n_labels
     counts = ds.label_frequencies()
     frequent = np.argsort(-counts, kind="stable")[:JUDGE_FREQUENT]
     rows = np.concatenate([train_rows, held_rows])
-    seen = ds.labels[rows].indices if len(rows) else np.zeros(0, np.int64)
-    exact = np.union1d(frequent, seen).astype(np.int64)
+    exact = np.union1d(frequent, ds.labels[rows].indices).astype(np.int64)
     rest = np.setdiff1d(np.arange(n, dtype=np.int64), exact, assume_unique=True)
     drawn_count = min(JUDGE_SAMPLE, len(rest))
     if len(exact) + drawn_count > n // 2:
-        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        return EVERY_LABEL
     drawn = np.random.default_rng(PROBE_SEED).choice(rest, drawn_count, replace=False)
     labels = np.concatenate([exact, drawn])
     corr = np.concatenate([np.zeros(len(exact), np.float32),
@@ -212,22 +214,20 @@ class HeldOut:
     """The probe's judge: its held-out rows in chunks whose logits over the judged labels fit in
     `memory_mb`, at least `pieces` of them (the ranks that share the start's judgement), each
     chunk's batch built once by `make_batch` (rows of `ds` -> the batch the caller's scoring
-    function takes) and followed by `labels` (`judge_labels`; empty: every label)."""
+    function takes) and followed by `labels` (`judge_labels`); `width`: the labels it scores."""
 
     def __init__(self, ds, rows: np.ndarray, memory_mb: float,
                  make_batch: Callable[[np.ndarray], tuple], pieces: int = 1,
-                 labels: Optional[tuple[np.ndarray, np.ndarray]] = None):
-        self.labels = labels if labels is not None else (np.zeros(0, np.int64),
-                                                         np.zeros(0, np.float32))
-        width = len(self.labels[0]) or ds.n_labels
-        self.parts = [((*make_batch(r), *self.labels), ds.subset(r))
-                      for r in self.chunks(ds, rows, memory_mb, pieces, width)]
+                 labels: tuple[np.ndarray, np.ndarray] = EVERY_LABEL):
+        self.labels, self.width = labels, len(labels[0]) or ds.n_labels
+        self.parts = [((*make_batch(r), *labels), ds.subset(r))
+                      for r in self.chunks(ds, rows, memory_mb, pieces, self.width)]
 
     @staticmethod
     def chunks(ds, rows: np.ndarray, memory_mb: float, pieces: int = 1,
-               width: Optional[int] = None) -> list[np.ndarray]:
+               width: int = 0) -> list[np.ndarray]:
         """`rows` cut into the judge's chunks (non-empty, in order), each chunk's logits over
-        `width` labels (default: every label) within `memory_mb`."""
+        `width` labels (0: every label) within `memory_mb`."""
         per = max(1, int(memory_mb * 2**20 // (4 * max(width or ds.n_labels, 1))))
         cut = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
         return [r for r in cut if len(r)]
@@ -295,7 +295,7 @@ def warm_up(cfg, ds, make_batch: Callable[[np.ndarray], tuple], scores: Callable
     plain Horovod script does the same."""
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     labels = judge_labels(ds, train_rows, held_rows)
-    first = HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size, len(labels[0]) or None)[0]
+    first = HeldOut.chunks(ds, held_rows, cfg.train.eval_memory_mb, size, len(labels[0]))[0]
     scores(*make_batch(first), *labels)
 
 
@@ -521,7 +521,7 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     # the candidates, and the start put back after the last.
     choice.seconds = max(allgather(time.perf_counter() - t0))
     choice.rows, choice.held_out_rows = len(train_rows), len(held_rows)
-    choice.judged_labels = len(held.labels[0]) or ds.n_labels
+    choice.judged_labels = held.width
     return choice
 
 

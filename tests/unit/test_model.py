@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, output_for
 from hvd_adaptive.data import Batch
+from hvd_adaptive.train import tune
 from hvd_adaptive.model.network import (Optimizer, RowMask, SparseMLP, TouchedRows, _subtract_rows,
                                         batch_tensors, row_sums, summed_rows)
 
@@ -50,8 +51,7 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     assert smoothed != pytest.approx(numpy_loss(m, b), rel=1e-3)
     # evaluation, and optim.lr auto's judge, see the plain target
     assert float(m.loss(*batch_tensors(b), training=False)) == pytest.approx(numpy_loss(m, b), rel=1e-5)
-    every = (np.zeros(0, np.int64), np.zeros(0, np.float32))
-    assert float(m.loss_and_top(*batch_tensors(b), *every)[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
+    assert float(m.loss_and_top(*batch_tensors(b), *tune.EVERY_LABEL)[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
 
 
 @pytest.mark.parametrize("output", ["full", "sampled"])
@@ -72,7 +72,7 @@ def test_the_judge_scores_every_label_or_the_labels_given_with_their_corrections
         picked = z[b.label_seg, label_ids]
         return float((lse[:2].sum() - (b.label_w * picked).sum()) / 2)  # row 2 has no labels
 
-    every = m.loss_and_top(*batch_tensors(b), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    every = m.loss_and_top(*batch_tensors(b), *tune.EVERY_LABEL)
     assert float(every[0]) == pytest.approx(xent(z, b.label_ids), rel=1e-5)
     np.testing.assert_array_equal(every[1].numpy(), np.argsort(-z, 1, kind="stable")[:, :5])
     labels = np.array([0, 2, 3, 9, 17, 25, 31, 39], np.int64)  # the rows' labels 0, 2, 3 and five
