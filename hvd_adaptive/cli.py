@@ -68,8 +68,10 @@ def _synth(args: argparse.Namespace) -> int:
                  if v is not None}
     if not 0 <= args.label_noise <= 1:
         raise ConfigError(f"--label-noise {args.label_noise}: must be in [0, 1]")
+    if args.rare_features < 0:
+        raise ConfigError(f"--rare-features {args.rare_features}: must be >= 0")
     spec = preset(args.preset, scale=args.scale, seed=args.seed, label_noise=args.label_noise,
-                  **overrides)
+                  rare_features=args.rare_features, **overrides)
     t0 = time.perf_counter()
     print(f"writing {spec.n_train} train and {spec.n_test} test rows, {spec.n_features} features, "
           f"{spec.n_labels} labels to {args.out} ...", flush=True)
@@ -189,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--label-noise", type=float, default=0.0, metavar="FRACTION",
                    help="rows whose labels come from a random topic, not their features' "
                         "(data.synth.label_noise)")
+    s.add_argument("--rare-features", type=float, default=0.0, metavar="FACTOR",
+                   help="each row also gets FACTOR times its non-zeros of features drawn "
+                        "uniformly, each in a few rows (data.synth.rare_features)")
     s.add_argument("--out", required=True, help="folder for train.txt and test.txt")
     s.set_defaults(fn=_synth)
     from hvd_adaptive.data.pypi import add_arguments as pypi_arguments

@@ -72,8 +72,9 @@ def synth_spec(cfg: Config) -> SynthSpec:
     s = cfg.data.synth
     overrides = {k: getattr(s, k) for k in ("n_train", "n_test", "n_features", "n_labels",
                                              "nnz_mean", "labels_mean") if getattr(s, k) is not None}
-    if s.label_noise:
-        overrides["label_noise"] = s.label_noise
+    for k in ("label_noise", "rare_features"):  # 0: the spec's own
+        if getattr(s, k):
+            overrides[k] = getattr(s, k)
     return preset(s.preset, scale=s.scale, seed=s.seed, **overrides)
 
 

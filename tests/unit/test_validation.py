@@ -1,5 +1,6 @@
-"""The validation split and label noise without ranks: the split's rows against the training and
-test files, impossible settings, noisy labels in place, and napkinXC's tree on the same rows."""
+"""The validation split, label noise and rare features without ranks: the split's rows against
+the training and test files, impossible settings, noisy labels in place, rare features added to
+every row, and napkinXC's tree on the same rows."""
 import json
 
 import numpy as np
@@ -50,6 +51,7 @@ def test_the_split_is_carved_from_the_training_rows_only(noisy_files, tmp_path):
     (("data.validation=2.5",), "data.validation: a fraction in [0, 1) or a whole count"),
     (("train.patience=2",), "train.patience: 2 needs a validation split"),
     (("data.synth.label_noise=1.5",), "data.synth.label_noise: must be in [0, 1]"),
+    (("data.synth.rare_features=-1",), "data.synth.rare_features: must be >= 0, got -1"),
     (("optim.plateau=0",), "optim.plateau: a factor in (0, 1] (1: no cut), got 0"),
     (("optim.plateau=1.5",), "optim.plateau: a factor in (0, 1] (1: no cut), got 1.5"),
     (("optim.plateau_epochs=0",), "optim.plateau_epochs: must be > 0, got 0"),
@@ -74,6 +76,26 @@ def test_label_noise_redraws_that_fraction_of_the_labels_and_nothing_else():
     # label_noise 0 draws exactly what the generator always drew.
     again, _ = synthesize(preset("eurlex4k", label_noise=0.0, **TINY))
     assert np.array_equal(again.label_indices, clean.label_indices)
+
+
+def test_rare_features_add_features_of_few_rows_to_every_row_and_nothing_else():
+    spec = dict(TINY, n_features=200_000)  # room for features of a row or two
+    clean, _ = synthesize(preset("eurlex4k", **spec))
+    rare, _ = synthesize(preset("eurlex4k", rare_features=1.0, **spec))
+    assert np.array_equal(rare.label_indptr, clean.label_indptr)
+    assert np.array_equal(rare.label_indices, clean.label_indices)
+    added = []
+    for r in range(clean.n_rows):
+        old, new = set(clean.features[r].indices), set(rare.features[r].indices)
+        assert old <= new, r  # every row keeps its features and gains as many again
+        added += sorted(new - old)
+    assert 1.95 <= rare.indptr[-1] / clean.indptr[-1] <= 2.0
+    rows_with = np.bincount(rare.indices, minlength=spec["n_features"])
+    assert np.median(rows_with[added]) <= 2 < 10 <= np.median(rows_with[clean.indices])
+    # rare_features 0 draws exactly what the generator always drew.
+    again, _ = synthesize(preset("eurlex4k", rare_features=0.0, **spec))
+    for name in ("indices", "values"):
+        assert np.array_equal(getattr(again, name), getattr(clean, name))
 
 
 def test_noisy_rows_take_their_new_labels_in_place_and_the_others_keep_theirs():
@@ -122,3 +144,17 @@ def test_the_rate_is_cut_after_the_plateau_s_epochs_without_a_gain_and_again_aft
     assert not plateau_cut(evals[:-2], 1.0) and plateau_cut(evals, 0.5)
     assert not plateau_cut([*evals, {"epoch": 5.0}], 1.0)  # the last record has none
     assert not plateau_cut([], 1.0)
+
+
+def test_data_synth_writes_rare_features_and_refuses_a_negative_factor(tmp_path):
+    size = ("--preset", "eurlex4k", "--n-train", "300", "--n-test", "50", "--n-features", "50000",
+            "--n-labels", "40")
+    for name, extra in (("clean", ()), ("rare", ("--rare-features", "2"))):
+        p = cli("data", "synth", *size, *extra, "--out", tmp_path / name)
+        assert p.returncode == 0, p.stderr[-2000:]
+    clean, rare = (load_dataset(tmp_path / n / "train.txt", use_cache=False) for n in ("clean", "rare"))
+    assert np.array_equal(rare.label_indices, clean.label_indices)
+    assert 2.8 <= rare.indptr[-1] / clean.indptr[-1] <= 3.0
+    p = cli("data", "synth", *size, "--rare-features", "-1", "--out", tmp_path / "bad")
+    assert p.returncode == 2 and "--rare-features -1.0: must be >= 0" in p.stderr
+    assert not (tmp_path / "bad").exists()
