@@ -11,7 +11,8 @@
 #   bash launch/bench.sh scaling         # 67,009 labels on 1, 2, 4, 8 ranks at a quarter core each
 #                                        #   (cgroup quotas), and with half the ranks at an eighth
 #   bash launch/bench.sh accuracy        # the kept model against napkinXC's label tree on the
-#                                        #   default data, with 30% label noise, eurlex4k-shaped,
+#                                        #   default data, with 30% label noise, with rare features
+#                                        #   as well (data that overfits), eurlex4k-shaped,
 #                                        #   delicious200k-shaped at 5% and at 67,009 labels
 #   REPEATS=1 bash launch/bench.sh full --algorithms sync auto   # extra arguments go to every part
 # Times here (2 cores): docs/benchmark.md.
@@ -28,6 +29,7 @@ for part in "${parts[@]}"; do
          --seeds "${REPEATS:-3}" --out "$OUT-$part")
     "${acc[@]}" --name default "$@"
     "${acc[@]}" --name noisy --set data.synth.label_noise=0.3 "$@"
+    "${acc[@]}" --name overfits --set data.synth.label_noise=0.3 --set data.synth.rare_features=3 "$@"
     "${acc[@]}" --name eurlex4k --set data.synth.preset=eurlex4k --set data.synth.scale=1.0 "$@"
     "${acc[@]}" --name delicious200k-5pct --set data.synth.preset=delicious200k --set data.synth.scale=0.05 "$@"
     # 67,009 labels (configs/bench.yaml's data and sampled loss) in adaptive SGD, as the others.
