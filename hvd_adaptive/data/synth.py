@@ -196,7 +196,7 @@ def _chunk(model: _Model, spec: SynthSpec, m: int, rng: np.random.Generator):
         rows, feats = _dedupe_quota(np.concatenate((rows, extra)), np.concatenate((feats, f_new)),
                                     nnz, F)
 
-    if spec.rare_features > 0:  # drawn only then: 0 leaves every later draw as it was
+    if spec.rare_features > 0:  # only then: at 0 no pass over the chunk's rows
         n_rare = np.rint(spec.rare_features * nnz).astype(np.int64)
         extra = np.repeat(np.arange(m), n_rare)
         rows, feats = _dedupe_quota(np.concatenate((rows, extra)),
