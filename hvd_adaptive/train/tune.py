@@ -1,5 +1,9 @@
-"""`optim.lr: auto`: the learning rate chosen for the data, model and batch by a short probe.
+"""`optim.lr: auto`: the learning rate chosen for the data by a rule or by a short probe.
 
+The rule (`rule`, `optim.lr_choice: rule`, for Adagrad-type optimizers): ADAGRAD_STEP over the
+square root of the training rows' median L1 norm (`centre`), read from the rows, no training.
+
+The probe (`search`, `optim.lr_choice: probe`, and for the other optimizers):
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
 rows it did not train: the highest precision at 5 wins among the candidates whose cross-entropy
 is within LOSS_SLACK of the lowest (`best`), and where one of its neighbours judges alike the
@@ -39,6 +43,7 @@ from hvd_adaptive.model.metrics import hits_matrix
 # then finds the best wherever it is. The others start from a fixed centre.
 ADAGRAD_STEP = 0.25
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
+ADAGRADS = ("adagrad", "rowwise_adagrad")
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
 PROBE_STEPS = 32        # steps each candidate trains
 PROBE_BATCH = 64        # rows a probe step (at most train.batch_size)
@@ -176,15 +181,60 @@ def announce(n_rows: int, batch_size: int) -> str:
             "seconds count as training time) ...")
 
 
-def centre(optimizer: str, ds, rows: np.ndarray) -> float:
-    """The rate the search starts from: for adagrad and rowwise_adagrad ADAGRAD_STEP over the
-    square root of the median L1 norm of `rows` of the dataset `ds` (its CSR feature arrays),
-    else CENTRES."""
-    if optimizer not in ("adagrad", "rowwise_adagrad"):
-        return CENTRES[optimizer]
+def median_l1(ds, rows: np.ndarray) -> float:
+    """The median L1 norm of the feature values of `rows` of the dataset `ds` (its CSR arrays)."""
     l1 = [float(np.abs(ds.values[ds.indptr[r]:ds.indptr[r + 1]]).sum()) for r in rows]
-    norm = float(np.median(l1)) if l1 else 0.0
+    return float(np.median(l1)) if l1 else 0.0
+
+
+def centre(optimizer: str, ds, rows: np.ndarray) -> float:
+    """The rate the search starts from, and the rule's choice (`rule`): for adagrad and
+    rowwise_adagrad ADAGRAD_STEP over the square root of the median L1 norm of `rows` of the
+    dataset `ds`, else CENTRES."""
+    if optimizer not in ADAGRADS:
+        return CENTRES[optimizer]
+    norm = median_l1(ds, rows)
     return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
+
+
+@dataclass
+class RuleChoice:
+    """What `optim.lr: auto` chose by the rule (`rule`; the start record's `lr_choice`)."""
+
+    lr: float
+    median_l1: float       # of the rows read
+    rows: int              # training rows read
+    seconds: float         # the slowest rank's, charged to the clock
+    method: str = "rule"
+
+    def record(self) -> dict:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+    def line(self) -> str:
+        return (f"optim.lr auto: {self.lr:g} (the rule: {ADAGRAD_STEP:g} over the square root of "
+                f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows; "
+                f"{self.seconds:.3f} s, charged to the clock)")
+
+
+def uses_rule(optim) -> bool:
+    """Whether `optim.lr: auto` takes the rule (`rule`) rather than the probe (`search`) for
+    the optimizer config `optim`: optim.lr_choice rule, for the optimizers the rule is for."""
+    return optim.lr == "auto" and optim.lr_choice == "rule" and optim.name in ADAGRADS
+
+
+def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
+    """`optim.lr: auto` by the rule: `centre` of the training rows the probe would train (the
+    same seeded rows on every rank), rank 0's value taken by every rank. Training rows without
+    a label stop the run: no rate can learn from them."""
+    t0 = time.perf_counter()
+    rows, _ = probe_rows(ds.n_rows, cfg.train.batch_size)
+    if not any(ds.label_indptr[r + 1] > ds.label_indptr[r] for r in rows):
+        raise ConfigError(
+            f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
+            "check that the training rows have labels")
+    lr, norm = allgather((centre(cfg.optim.name, ds, rows), median_l1(ds, rows)))[0]
+    return RuleChoice(lr=lr, median_l1=norm, rows=len(rows),
+                      seconds=max(allgather(time.perf_counter() - t0)))
 
 
 def judge_labels(ds, train_rows: np.ndarray, held_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -526,14 +576,17 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
 
 
 def probe(algo, allgather: Callable[[object], list],
-          speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice]:
-    """`optim.lr: auto` for one of the project's algorithms (`search`): each candidate runs the
+          speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice | RuleChoice]:
+    """`optim.lr: auto` for one of the project's algorithms: the rule (`rule`) where
+    `uses_rule`, else the probe (`search`), whose candidates each run the
     algorithm's local training step (`Algorithm.local_step`'s traced function, with its
     slowdown) from the model as it stands, which is then put back (`Algorithm.unchanged`), and
     is judged by `Algorithm.held_out`. `speeds`: every rank's calibrated rows/s, which share out
     the candidates (`split`). None when the rate is pinned."""
     if algo.cfg.optim.lr != "auto":
         return None
+    if uses_rule(algo.cfg.optim):
+        return rule(algo.cfg, algo.ctx.train, allgather)
     return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
                   algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,
                   speeds, algo.model.restart_draws)
