@@ -193,15 +193,17 @@ class OptimConfig:
     (model.Optimizer): less optimizer state for adaptive SGD's merges to move."""
     lr: Union[float, Literal["auto"]] = "auto"
     """Base learning rate (lr0 of the papers: the rate at the largest batch), or "auto": chosen
-    at start by a short probe of candidate rates on the training rows (hvd_adaptive.train.tune),
-    whose time is charged to the run's clock. A number is used as given."""
-    lr_choice: Literal["rule", "probe"] = "probe"
+    at start for the training rows as optim.lr_choice says (hvd_adaptive.train.tune), its time
+    charged to the run's clock. A number is used as given."""
+    lr_choice: Literal["rule", "probe"] = "rule"
     """How optim.lr auto chooses. rule: for adagrad and rowwise_adagrad, 0.25 over the square
     root of the training rows' median L1 norm (hvd_adaptive.train.tune.centre), read from the
     rows in milliseconds, no training; the other optimizers probe. probe: candidate rates
     around that value, each trained 32 steps of 64 rows from the same start and judged on
-    held-out training rows (hvd_adaptive.train.tune.search; about a second on 2 ranks of this
-    machine). docs/benchmark.md, "Settings chosen by the tool", measures both against grids."""
+    held-out training rows (hvd_adaptive.train.tune.search; 0.3-1.5 s on 2 ranks of this
+    machine). The rule reached the benchmark's targets sooner on 18 of 20 workloads, modes and
+    targets; the probe chose better where the rule's rate was a doubling too high
+    (docs/benchmark.md, "Settings chosen by the tool")."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9

@@ -9,7 +9,8 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     out = tmp_path / "bench"
     p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
                  "--algorithms", "sync", "horovod", "--scenarios", "even", "slowed", "--slowdown", "2",
-                 "--target", "0.6", "--set", "optim.lr=auto", "--out", str(out)], timeout=300,
+                 "--target", "0.6", "--set", "optim.lr=auto", "--set", "optim.lr_choice=probe",
+                 "--out", str(out)], timeout=300,
                 env=mpi_env())
     assert p.returncode == 0, explain(p)
     assert "horovod skipped in the slowed scenario" in p.stdout, p.stdout

@@ -11,7 +11,8 @@ from hvd_adaptive.data import preset, synth_to_files
 from hvd_adaptive.train import tune
 from tests.harness.mpirun import explain, mpirun, records, train, train_many
 
-ADAGRAD = ("optim.name=rowwise_adagrad", "optim.lr=auto")
+ADAGRAD = ("optim.name=rowwise_adagrad", "optim.lr=auto", "optim.lr_choice=probe")
+RULE = ("optim.name=rowwise_adagrad", "optim.lr=auto", "optim.lr_choice=rule")
 
 
 @pytest.mark.parametrize("algorithm", ["sync", "adaptive", "hogbatch"])
@@ -146,9 +147,9 @@ def _files(tmp_path: Path, scale: float = 1.0, labels: bool = True) -> tuple[Pat
     return out / "train.txt", out / "test.txt"
 
 
-def _tune(tmp_path: Path, name: str, train_file: Path, test_file: Path):
+def _tune(tmp_path: Path, name: str, train_file: Path, test_file: Path, sets=ADAGRAD):
     return mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
-                      "--run-dir", str(tmp_path / name), "--set", "optim.name=rowwise_adagrad",
+                      "--run-dir", str(tmp_path / name), *(x for s in sets for x in ("--set", s)),
                       "--set", f"data.train={train_file}", "--set", f"data.test={test_file}"],
                   timeout=180)
 
@@ -176,6 +177,48 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
     assert re.search(r"optim.lr=auto: no candidate rate of rowwise_adagrad learned in the probe "
                      r"\(held-out loss from 0 to [0-9.]+: 0, [0-9.]+: 0\); check that "
                      r"the training rows have labels", p.stdout + p.stderr), explain(p)
+
+
+def test_the_rule_moves_with_the_feature_scale_costs_no_training_and_refuses_no_labels(tmp_path):
+    """optim.lr_choice rule on 2 ranks (`tune`): the rate read from the rows, printed and
+    recorded, no probe; 16 times the feature values, a quarter of the rate; no labels, an
+    error."""
+    chosen = {}
+    for scale in (1.0, 16.0):
+        p = _tune(tmp_path, f"rule{scale:g}", *_files(tmp_path, scale), sets=RULE)
+        assert p.returncode == 0, explain(p)
+        line = re.search(r"optim.lr auto: ([0-9.]+) \(the rule: 0.25 over the square root of the "
+                         r"median L1 norm, ([0-9.]+), of ([0-9]+) training rows; ([0-9.]+) s", p.stdout)
+        assert line, p.stdout
+        assert "probing candidate rates" not in p.stdout, p.stdout
+        chosen[scale] = float(line.group(1))
+        choice = records(tmp_path / f"rule{scale:g}", "start")[0]["lr_choice"]
+        assert choice["method"] == "rule" and choice["lr"] == pytest.approx(chosen[scale], rel=1e-5)
+        assert choice["seconds"] < 0.5, choice  # rows read, nothing trained
+    assert chosen[16.0] == pytest.approx(chosen[1.0] / 4, rel=1e-4), chosen
+    p = _tune(tmp_path, "rule-nolabels", *_files(tmp_path, 1.0, labels=False), sets=RULE)
+    assert p.returncode != 0
+    assert re.search(r"optim.lr=auto: none of the [0-9]+ training rows the rule reads has a "
+                     r"label; check that the training rows have labels", p.stdout + p.stderr), explain(p)
+
+
+@pytest.mark.parametrize("algorithm", ["sync", "adaptive"])
+def test_under_the_rule_every_rank_and_the_plain_script_train_at_the_same_rate(tmp_path, algorithm):
+    sets = [*RULE, "train.epochs=0.5"]
+    train(2, tmp_path / "project", *sets, f"train.algorithm={algorithm}")
+    p = mpirun(2, ["-m", "hvd_adaptive.bench.plain_horovod", "--config", "configs/tiny.yaml",
+                   "--run-dir", str(tmp_path / "plain"), *(x for s in sets for x in ("--set", s))],
+               timeout=180)
+    assert p.returncode == 0, explain(p)
+    ours, theirs = (records(tmp_path / who, "start")[0] for who in ("project", "plain"))
+    assert ours["lr_choice"]["method"] == theirs["lr_choice"]["method"] == "rule"
+    assert theirs["lr"] == pytest.approx(ours["lr"], rel=1e-5)  # a float32 variable there
+    assert ours["lr"] == pytest.approx(ours["lr_choice"]["lr"], rel=1e-5)  # the record's 6 digits
+    lrs = {r["rank"]: r["lr"] for rec in records(tmp_path / "project", "round") for r in rec["ranks"]}
+    if algorithm == "sync":
+        assert lrs == {0: pytest.approx(ours["lr"]), 1: pytest.approx(ours["lr"])}, lrs
+    else:  # warm-up ramps to the chosen rate, scaled by each rank's batch (balance.adaptive_lr)
+        assert set(lrs) == {0, 1} and all(0 < lr <= ours["lr"] * 1.0001 for lr in lrs.values()), lrs
 
 
 @pytest.mark.parametrize("labels", [100, 20000])

@@ -226,6 +226,54 @@ def test_the_centre_follows_the_rows_l1_norm():
     assert tune.centre("sgd", Rows, np.arange(3)) == tune.CENTRES["sgd"]
 
 
+def _rows(n: int, scale: float = 1.0, labels: bool = True):
+    """n rows of 4 features each, row r's values (r % 7 + 1) * scale; label r % 3 or none."""
+    from hvd_adaptive.data import Dataset
+
+    values = np.repeat((np.arange(n) % 7 + 1.0) * scale, 4).astype(np.float32)
+    label_indptr = np.arange(n + 1) if labels else np.zeros(n + 1, np.int64)
+    return Dataset(np.arange(n + 1) * 4, np.tile([0, 1, 2, 3], n).astype(np.int32), values,
+                   label_indptr, (np.arange(n) % 3).astype(np.int32)[:label_indptr[-1]], 4, 3)
+
+
+def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
+    cfg = load_config("configs/tiny.yaml", ["optim.name=rowwise_adagrad", "optim.lr=auto",
+                                            "optim.lr_choice=rule"])[0]
+    assert tune.uses_rule(cfg.optim)
+    gathered = []
+
+    def allgather(x):  # one rank; rank 0's value is every rank's
+        gathered.append(x)
+        return [x]
+
+    rows, _ = tune.probe_rows(3000, cfg.train.batch_size)
+    one = tune.rule(cfg, _rows(3000), allgather)
+    norm = float(np.median([4 * (r % 7 + 1.0) for r in rows]))
+    assert one.median_l1 == pytest.approx(norm) and one.rows == len(rows)
+    assert one.lr == pytest.approx(tune.ADAGRAD_STEP / math.sqrt(norm))
+    # 16 times the feature values: a step moves the hidden layer 16 times as far, the rate
+    # falls 4 times.
+    assert tune.rule(cfg, _rows(3000, 16.0), allgather).lr == pytest.approx(one.lr / 4)
+    assert one.record()["method"] == "rule" and 0 <= one.seconds < 1
+    assert f"optim.lr auto: {one.lr:g} (the rule" in one.line()
+    with pytest.raises(ConfigError, match=r"optim.lr=auto: none of the [0-9]+ training rows the "
+                                          r"rule reads has a label"):
+        tune.rule(cfg, _rows(3000, labels=False), allgather)
+
+
+def test_the_probe_is_taken_where_asked_for_or_where_the_rule_is_not_for_the_optimizer():
+    def optim(*sets):
+        return load_config("configs/tiny.yaml", ["optim.lr=auto", *sets])[0].optim
+
+    assert load_config(None)[0].optim.lr_choice == "rule"  # the default
+    assert tune.uses_rule(optim("optim.name=adagrad", "optim.lr_choice=rule"))
+    assert not tune.uses_rule(optim("optim.name=rowwise_adagrad", "optim.lr_choice=probe"))
+    assert not tune.uses_rule(optim("optim.name=adam", "optim.lr_choice=rule"))
+    assert not tune.uses_rule(optim("optim.name=rowwise_adagrad", "optim.lr=0.1"))
+    with pytest.raises(ConfigError, match=r"optim.lr_choice"):
+        optim("optim.lr_choice=guess")
+
+
 def test_the_probe_judges_on_rows_it_did_not_train():
     for n, batch in ((100_000, 256), (2000, 64), (40, 64)):
         trained, held = tune.probe_rows(n, batch)
