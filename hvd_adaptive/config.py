@@ -218,7 +218,7 @@ class OptimConfig:
     """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
     Adagrad: 0.1). Above zero, a weight's first steps grow with its gradient,
     lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient;
-    lr auto, whose probe assumes the latter, refuses it (docs/accuracy.md)."""
+    lr auto, whose rule and probe assume the latter, refuses it (docs/accuracy.md)."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
     plateau: float = 1.0
@@ -244,7 +244,7 @@ class OptimConfig:
             # The probe's centre and its 32 steps assume Adagrad's first steps of about lr.
             raise ConfigError(
                 f"{path}.lr: auto needs {path}.initial_accumulator 0 with {self.name}, got "
-                f"{self.initial_accumulator:g}: the rate probe assumes Adagrad's first steps of "
+                f"{self.initial_accumulator:g}: its rule and probe assume Adagrad's first steps of "
                 "about lr, which accumulators above 0 shorten (docs/accuracy.md); pin optim.lr "
                 "or leave the accumulators at 0")
         if self.weight_decay < 0:
