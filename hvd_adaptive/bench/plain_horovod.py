@@ -363,7 +363,7 @@ def choose_lr(plain: PlainHorovod, train, cfg, rates: list):
     pinned."""
     if cfg.optim.lr != "auto":
         return None
-    if tune.uses_rule(cfg.optim):
+    if tune.uses_rule(cfg):
         choice = tune.rule(cfg, train, hvd.allgather_object)
     else:
         choice = tune.search(cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out,
@@ -391,7 +391,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=0)
     with plain.unchanged():  # traced and run once before the clock, as the project's steps
         plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
-        if cfg.optim.lr == "auto" and not tune.uses_rule(cfg.optim):  # the probe's judge, as
+        if cfg.optim.lr == "auto" and not tune.uses_rule(cfg):  # the probe's judge, as
             # the project runs it before its clock
             tune.warm_up(cfg, train_ds, lambda r: batch(train_ds, r), plain.held_out, hvd.size())
     evaluate(plain, test_ds, cfg, inv_prop, rows=1)  # traced before the clock and any quota

@@ -216,10 +216,17 @@ class RuleChoice:
                 f"{self.seconds:.3f} s, charged to the clock)")
 
 
-def uses_rule(optim) -> bool:
-    """Whether `optim.lr: auto` takes the rule (`rule`) rather than the probe (`search`) for
-    the optimizer config `optim`: optim.lr_choice rule, for the optimizers the rule is for."""
-    return optim.lr == "auto" and optim.lr_choice == "rule" and optim.name in ADAGRADS
+def uses_rule(cfg) -> bool:
+    """Whether `optim.lr: auto` takes the rule (`rule`) rather than the probe (`search`) under
+    the run's config `cfg` (its model.output resolved): for the optimizers the rule is for,
+    optim.lr_choice rule, or auto with the full softmax (the sampled loss probes: there the
+    rule's rate was a doubling above sync's best; docs/benchmark.md)."""
+    optim = cfg.optim
+    if optim.lr != "auto" or optim.name not in ADAGRADS:
+        return False
+    if optim.lr_choice == "auto":
+        return cfg.model.output != "sampled"
+    return optim.lr_choice == "rule"
 
 
 def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
@@ -585,7 +592,7 @@ def probe(algo, allgather: Callable[[object], list],
     the candidates (`split`). None when the rate is pinned."""
     if algo.cfg.optim.lr != "auto":
         return None
-    if uses_rule(algo.cfg.optim):
+    if uses_rule(algo.cfg):
         return rule(algo.cfg, algo.ctx.train, allgather)
     return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
                   algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,

@@ -239,7 +239,7 @@ def _rows(n: int, scale: float = 1.0, labels: bool = True):
 def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
     cfg = load_config("configs/tiny.yaml", ["optim.name=rowwise_adagrad", "optim.lr=auto",
                                             "optim.lr_choice=rule"])[0]
-    assert tune.uses_rule(cfg.optim)
+    assert tune.uses_rule(cfg)
     gathered = []
 
     def allgather(x):  # one rank; rank 0's value is every rank's
@@ -261,17 +261,23 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
         tune.rule(cfg, _rows(3000, labels=False), allgather)
 
 
-def test_the_probe_is_taken_where_asked_for_or_where_the_rule_is_not_for_the_optimizer():
-    def optim(*sets):
-        return load_config("configs/tiny.yaml", ["optim.lr=auto", *sets])[0].optim
+def test_the_probe_is_taken_where_asked_for_under_the_sampled_loss_or_for_other_optimizers():
+    def cfg(*sets):  # model.output as the run resolves it
+        return load_config("configs/tiny.yaml", ["optim.lr=auto", "model.output=full", *sets])[0]
 
-    assert load_config(None)[0].optim.lr_choice == "rule"  # the default
-    assert tune.uses_rule(optim("optim.name=adagrad", "optim.lr_choice=rule"))
-    assert not tune.uses_rule(optim("optim.name=rowwise_adagrad", "optim.lr_choice=probe"))
-    assert not tune.uses_rule(optim("optim.name=adam", "optim.lr_choice=rule"))
-    assert not tune.uses_rule(optim("optim.name=rowwise_adagrad", "optim.lr=0.1"))
+    assert load_config(None)[0].optim.lr_choice == "auto"  # the default
+    # auto: the rule with the full softmax, the probe with the sampled loss
+    assert tune.uses_rule(cfg("optim.name=rowwise_adagrad"))
+    assert not tune.uses_rule(cfg("optim.name=rowwise_adagrad", "model.output=sampled"))
+    assert tune.uses_rule(cfg("optim.name=rowwise_adagrad", "model.output=sampled",
+                              "optim.lr_choice=rule"))
+    assert tune.uses_rule(cfg("optim.name=adagrad", "optim.lr_choice=rule"))
+    assert not tune.uses_rule(cfg("optim.name=rowwise_adagrad", "optim.lr_choice=probe"))
+    assert not tune.uses_rule(cfg("optim.name=adam", "optim.lr_choice=rule"))
+    assert not tune.uses_rule(cfg("optim.name=adam"))
+    assert not tune.uses_rule(cfg("optim.name=rowwise_adagrad", "optim.lr=0.1"))
     with pytest.raises(ConfigError, match=r"optim.lr_choice"):
-        optim("optim.lr_choice=guess")
+        cfg("optim.lr_choice=guess")
 
 
 def test_the_probe_judges_on_rows_it_did_not_train():

@@ -317,7 +317,7 @@ class Algorithm:
         """
         for fn in self.step_functions():
             fn.get_concrete_function()
-        if self.cfg.optim.lr == "auto" and not uses_rule(self.cfg.optim):  # the probe's judge,
+        if self.cfg.optim.lr == "auto" and not uses_rule(self.cfg):  # the probe's judge,
             # traced and run as it will run
             warm_up(self.cfg, self.ctx.train, self.batch, self.held_out, self.cluster.size)
         with self.unchanged():
