@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("tune", help="print the learning rate optim.lr=auto chooses for a config, "
                        "without training (under the same launcher and ranks as the training)")
     config_args(u)
-    u.add_argument("--run-dir", help="folder for the probe's config.json and start record "
+    u.add_argument("--run-dir", help="folder for the choice's config.json and start record "
                    "(default runs/<algorithm>-<time>)")
     u.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     u.set_defaults(fn=_tune)
