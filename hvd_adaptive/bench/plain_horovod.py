@@ -356,20 +356,16 @@ def standalone_rate(plain: PlainHorovod, train, cfg) -> float:
 
 
 def choose_lr(plain: PlainHorovod, train, cfg, rates: list):
-    """optim.lr auto, the way the project chooses: by the rule (hvd_adaptive.train.tune.rule)
-    where tune.uses_rule, else by the probe (tune.search: its candidates, rows and rule, shared
-    out by the ranks' standalone `rates`), each candidate trained with this script's own step
-    without the allreduce, from the broadcast start, which is put back; None when the rate is
-    pinned."""
-    if cfg.optim.lr != "auto":
+    """optim.lr auto, the way the project chooses (hvd_adaptive.train.tune.auto_choice): by the
+    rule, or by the probe (tune.search: its candidates, rows and rule, shared out by the ranks'
+    standalone `rates`), each candidate trained with this script's own step without the
+    allreduce, from the broadcast start, which is put back; None when the rate is pinned."""
+    choice = tune.auto_choice(cfg, train, hvd.allgather_object, lambda: tune.search(
+        cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out, plain.opt.lr,
+        plain.unchanged, hvd.rank(), hvd.size(), hvd.allgather_object, rates,
+        plain.net.drawer.restart if plain.net.drawer is not None else lambda s: None))
+    if choice is None:
         return None
-    if tune.uses_rule(cfg):
-        choice = tune.rule(cfg, train, hvd.allgather_object)
-    else:
-        choice = tune.search(cfg, train, lambda r: batch(train, r), plain.alone, plain.held_out,
-                             plain.opt.lr, plain.unchanged, hvd.rank(), hvd.size(),
-                             hvd.allgather_object, rates,
-                             plain.net.drawer.restart if plain.net.drawer is not None else lambda s: None)
     plain.opt.lr.assign(choice.lr)
     if hvd.rank() == 0:
         print(choice.line(), flush=True)
@@ -391,8 +387,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     hvd.broadcast_variables([*plain.net.ordered, *plain.opt.slots], root_rank=0)
     with plain.unchanged():  # traced and run once before the clock, as the project's steps
         plain.step(*batch(train_ds, np.arange(min(8, train_ds.n_rows))))
-        if cfg.optim.lr == "auto" and not tune.uses_rule(cfg):  # the probe's judge, as
-            # the project runs it before its clock
+        if tune.probes(cfg):  # the probe's judge, as the project runs it before its clock
             tune.warm_up(cfg, train_ds, lambda r: batch(train_ds, r), plain.held_out, hvd.size())
     evaluate(plain, test_ds, cfg, inv_prop, rows=1)  # traced before the clock and any quota
     quota = Heterogeneity(cfg.hetero, rank)

@@ -99,7 +99,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
         t_cal = time.perf_counter() - t_cal
         algo.on_calibrated(rates)
         # optim.lr auto: chosen inside the ranks' slowdowns, its seconds charged to the clock.
-        if cfg.optim.lr == "auto" and not resumed and not tune.uses_rule(cfg):
+        if tune.probes(cfg) and not resumed:
             log.say(tune.announce(train_ds.n_rows, cfg.train.batch_size))
         choice = None if resumed else tune.probe(algo, lambda x: allgather(cluster.comm, x), rates)
         if choice is not None:

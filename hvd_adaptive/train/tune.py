@@ -193,7 +193,11 @@ def centre(optimizer: str, ds, rows: np.ndarray) -> float:
     dataset `ds`, else CENTRES."""
     if optimizer not in ADAGRADS:
         return CENTRES[optimizer]
-    norm = median_l1(ds, rows)
+    return norm_rate(median_l1(ds, rows))
+
+
+def norm_rate(norm: float) -> float:
+    """ADAGRAD_STEP over the square root of a median L1 norm (ADAGRAD_STEP for a norm of 0)."""
     return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
 
 
@@ -229,17 +233,34 @@ def uses_rule(cfg) -> bool:
     return optim.lr_choice == "rule"
 
 
+def probes(cfg) -> bool:
+    """Whether the run's `optim.lr: auto` probes (`search`): its judge is then warmed up and
+    the probe announced before it runs."""
+    return cfg.optim.lr == "auto" and not uses_rule(cfg)
+
+
+def auto_choice(cfg, ds, allgather: Callable[[object], list],
+           search_with: Callable[[], LrChoice]) -> Optional[LrChoice | RuleChoice]:
+    """`optim.lr: auto`'s choice for the training rows `ds`: the rule's (`rule`) where
+    `uses_rule`, else what `search_with()` returns (the caller's `search` with its own step
+    and judge); None when the rate is pinned."""
+    if cfg.optim.lr != "auto":
+        return None
+    return rule(cfg, ds, allgather) if uses_rule(cfg) else search_with()
+
+
 def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
     """`optim.lr: auto` by the rule: `centre` of the training rows the probe would train (the
     same seeded rows on every rank), rank 0's value taken by every rank. Training rows without
     a label stop the run: no rate can learn from them."""
     t0 = time.perf_counter()
     rows, _ = probe_rows(ds.n_rows, cfg.train.batch_size)
-    if not any(ds.label_indptr[r + 1] > ds.label_indptr[r] for r in rows):
+    if not (ds.label_indptr[rows + 1] > ds.label_indptr[rows]).any():
         raise ConfigError(
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
-    lr, norm = allgather((centre(cfg.optim.name, ds, rows), median_l1(ds, rows)))[0]
+    norm = median_l1(ds, rows)
+    lr, norm = allgather((norm_rate(norm), norm))[0]
     return RuleChoice(lr=lr, median_l1=norm, rows=len(rows),
                       seconds=max(allgather(time.perf_counter() - t0)))
 
@@ -584,16 +605,13 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
 
 def probe(algo, allgather: Callable[[object], list],
           speeds: Optional[Sequence[float]] = None) -> Optional[LrChoice | RuleChoice]:
-    """`optim.lr: auto` for one of the project's algorithms: the rule (`rule`) where
-    `uses_rule`, else the probe (`search`), whose candidates each run the
+    """`optim.lr: auto` for one of the project's algorithms (`auto_choice`): the rule, or the probe
+    (`search`), whose candidates each run the
     algorithm's local training step (`Algorithm.local_step`'s traced function, with its
     slowdown) from the model as it stands, which is then put back (`Algorithm.unchanged`), and
     is judged by `Algorithm.held_out`. `speeds`: every rank's calibrated rows/s, which share out
     the candidates (`split`). None when the rate is pinned."""
-    if algo.cfg.optim.lr != "auto":
-        return None
-    if uses_rule(algo.cfg):
-        return rule(algo.cfg, algo.ctx.train, allgather)
-    return search(algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out,
-                  algo.opt.lr, algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather,
-                  speeds, algo.model.restart_draws)
+    return auto_choice(algo.cfg, algo.ctx.train, allgather, lambda: search(
+        algo.cfg, algo.ctx.train, algo.batch, algo.probe_step, algo.held_out, algo.opt.lr,
+        algo.unchanged, algo.cluster.rank, algo.cluster.size, allgather, speeds,
+        algo.model.restart_draws))

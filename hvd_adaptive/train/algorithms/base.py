@@ -30,7 +30,7 @@ from hvd_adaptive.train.hetero import Heterogeneity
 from hvd_adaptive.train.periodic import itstime
 from hvd_adaptive.model.network import (BATCH_SIGNATURE, JUDGE_SIGNATURE, Optimizer, SparseMLP,
                                         batch_tensors)
-from hvd_adaptive.train.tune import TOP_K, top_labels, unchanged, uses_rule, warm_up
+from hvd_adaptive.train.tune import TOP_K, probes, top_labels, unchanged, warm_up
 
 
 @dataclass
@@ -317,8 +317,7 @@ class Algorithm:
         """
         for fn in self.step_functions():
             fn.get_concrete_function()
-        if self.cfg.optim.lr == "auto" and not uses_rule(self.cfg):  # the probe's judge,
-            # traced and run as it will run
+        if probes(self.cfg):  # the probe's judge, traced and run as it will run
             warm_up(self.cfg, self.ctx.train, self.batch, self.held_out, self.cluster.size)
         with self.unchanged():
             self._local_step(*self.batch(np.arange(min(8, self.ctx.train.n_rows))))
