@@ -1,7 +1,8 @@
 """`optim.lr: auto`: the learning rate chosen for the data by a rule or by a short probe.
 
 The rule (`rule`, `optim.lr_choice: rule`, for Adagrad-type optimizers): ADAGRAD_STEP over the
-square root of the training rows' median L1 norm (`centre`), read from the rows, no training.
+square root of the training rows' median L1 norm, and over the fourth root of their mean labels
+a row in units of LABELS_A_ROW where they have more (`centre`), read from the rows, no training.
 
 The probe (`search`, `optim.lr_choice: probe`, and for the other optimizers):
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
@@ -42,6 +43,12 @@ from hvd_adaptive.model.metrics import hits_matrix
 # L2-normalized TF-IDF rows of the synthetic presets, whose best rate that was); the search
 # then finds the best wherever it is. The others start from a fixed centre.
 ADAGRAD_STEP = 0.25
+# Rows with many labels want a lower rate at the same norm: on the same synthetic rows with 20
+# and 75 labels a row in place of 5.45 the best fixed rate was half the rule's (0.05 against
+# 0.1), and on the Delicious-shaped rows (75 labels a row) 0.036 against 0.072. Above
+# LABELS_A_ROW labels a row in mean the rate falls as the fourth root of their ratio
+# (docs/benchmark.md, "Labels a row").
+LABELS_A_ROW = 6.0
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 ADAGRADS = ("adagrad", "rowwise_adagrad")
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
@@ -187,18 +194,24 @@ def median_l1(ds, rows: np.ndarray) -> float:
     return float(np.median(l1)) if l1 else 0.0
 
 
+def labels_a_row(ds, rows: np.ndarray) -> float:
+    """The mean number of labels of `rows` of the dataset `ds`."""
+    return float(np.mean(ds.label_indptr[rows + 1] - ds.label_indptr[rows])) if len(rows) else 0.0
+
+
 def centre(optimizer: str, ds, rows: np.ndarray) -> float:
     """The rate the search starts from, and the rule's choice (`rule`): for adagrad and
-    rowwise_adagrad ADAGRAD_STEP over the square root of the median L1 norm of `rows` of the
-    dataset `ds`, else CENTRES."""
+    rowwise_adagrad `norm_rate` of `rows` of the dataset `ds`, else CENTRES."""
     if optimizer not in ADAGRADS:
         return CENTRES[optimizer]
-    return norm_rate(median_l1(ds, rows))
+    return norm_rate(median_l1(ds, rows), labels_a_row(ds, rows))
 
 
-def norm_rate(norm: float) -> float:
-    """ADAGRAD_STEP over the square root of a median L1 norm (ADAGRAD_STEP for a norm of 0)."""
-    return ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
+def norm_rate(norm: float, labels: float) -> float:
+    """ADAGRAD_STEP over the square root of a median L1 norm (ADAGRAD_STEP for a norm of 0) and
+    over the fourth root of a mean of `labels` a row in units of LABELS_A_ROW, where above 1."""
+    rate = ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
+    return rate / max(1.0, labels / LABELS_A_ROW) ** 0.25
 
 
 @dataclass
@@ -207,6 +220,7 @@ class RuleChoice:
 
     lr: float
     median_l1: float       # of the rows read
+    labels_a_row: float    # their mean
     rows: int              # training rows read
     seconds: float         # the slowest rank's, charged to the clock
     method: str = "rule"
@@ -215,8 +229,10 @@ class RuleChoice:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
     def line(self) -> str:
+        labels = (f", and over ({self.labels_a_row:.3g} labels a row / {LABELS_A_ROW:g}) ** 0.25"
+                  if self.labels_a_row > LABELS_A_ROW else "")
         return (f"optim.lr auto: {self.lr:g} (the rule: {ADAGRAD_STEP:g} over the square root of "
-                f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows; "
+                f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows{labels}; "
                 f"{self.seconds:.3f} s, charged to the clock)")
 
 
@@ -259,9 +275,9 @@ def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
         raise ConfigError(
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
-    norm = median_l1(ds, rows)
-    lr, norm = allgather((norm_rate(norm), norm))[0]
-    return RuleChoice(lr=lr, median_l1=norm, rows=len(rows),
+    norm, labels = median_l1(ds, rows), labels_a_row(ds, rows)
+    lr, norm, labels = allgather((norm_rate(norm, labels), norm, labels))[0]
+    return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, rows=len(rows),
                       seconds=max(allgather(time.perf_counter() - t0)))
 
 

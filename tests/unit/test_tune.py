@@ -217,23 +217,26 @@ def test_two_ranks_of_unequal_speed_share_the_candidates_by_speed_and_agree(slow
 
 
 def test_the_centre_follows_the_rows_l1_norm():
-    class Rows:  # two rows of L1 norm 6 and one of 120 (CSR)
+    class Rows:  # two rows of L1 norm 6 and one of 120 (CSR), a label each
         indptr = np.array([0, 2, 4, 6])
         values = np.array([3.0, 3.0, 2.0, 4.0, 60.0, 60.0])
+        label_indptr = np.array([0, 1, 2, 3])
 
     assert tune.centre("rowwise_adagrad", Rows, np.arange(3)) == pytest.approx(tune.ADAGRAD_STEP / 6 ** 0.5)
     assert tune.centre("rowwise_adagrad", Rows, np.array([2])) == pytest.approx(tune.ADAGRAD_STEP / 120 ** 0.5)
     assert tune.centre("sgd", Rows, np.arange(3)) == tune.CENTRES["sgd"]
 
 
-def _rows(n: int, scale: float = 1.0, labels: bool = True):
-    """n rows of 4 features each, row r's values (r % 7 + 1) * scale; label r % 3 or none."""
+def _rows(n: int, scale: float = 1.0, labels: int = 1):
+    """n rows of 4 features each, row r's values (r % 7 + 1) * scale; `labels` labels a row
+    (r + j) % 96, j < labels (none for 0)."""
     from hvd_adaptive.data import Dataset
 
     values = np.repeat((np.arange(n) % 7 + 1.0) * scale, 4).astype(np.float32)
-    label_indptr = np.arange(n + 1) if labels else np.zeros(n + 1, np.int64)
+    label_indptr = np.arange(n + 1) * labels
+    label_indices = (np.arange(n)[:, None] + np.arange(labels)[None, :]) % 96
     return Dataset(np.arange(n + 1) * 4, np.tile([0, 1, 2, 3], n).astype(np.int32), values,
-                   label_indptr, (np.arange(n) % 3).astype(np.int32)[:label_indptr[-1]], 4, 3)
+                   label_indptr, label_indices.ravel().astype(np.int32), 4, 96)
 
 
 def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
@@ -255,10 +258,17 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
     # falls 4 times.
     assert tune.rule(cfg, _rows(3000, 16.0), allgather).lr == pytest.approx(one.lr / 4)
     assert one.record()["method"] == "rule" and 0 <= one.seconds < 1
-    assert f"optim.lr auto: {one.lr:g} (the rule" in one.line()
+    assert one.record()["labels_a_row"] == 1.0
+    assert f"optim.lr auto: {one.lr:g} (the rule" in one.line() and "labels a row" not in one.line()
+    # The same rows with more labels a row: up to LABELS_A_ROW the rate holds, above it falls as
+    # the fourth root (96 labels a row: 16 times LABELS_A_ROW, half the rate).
+    assert tune.rule(cfg, _rows(3000, labels=6), allgather).lr == pytest.approx(one.lr)
+    many = tune.rule(cfg, _rows(3000, labels=96), allgather)
+    assert many.lr == pytest.approx(one.lr / 2) and many.labels_a_row == 96
+    assert "(96 labels a row / 6) ** 0.25" in many.line()
     with pytest.raises(ConfigError, match=r"optim.lr=auto: none of the [0-9]+ training rows the "
                                           r"rule reads has a label"):
-        tune.rule(cfg, _rows(3000, labels=False), allgather)
+        tune.rule(cfg, _rows(3000, labels=0), allgather)
 
 
 def test_the_probe_is_taken_where_asked_for_under_the_sampled_loss_or_for_other_optimizers():
