@@ -197,15 +197,15 @@ class OptimConfig:
     charged to the run's clock. A number is used as given."""
     lr_choice: Literal["auto", "rule", "probe"] = "auto"
     """How optim.lr auto chooses. rule: for adagrad and rowwise_adagrad, 0.25 over the square
-    root of the training rows' median L1 norm (hvd_adaptive.train.tune.centre), read from the
-    rows in milliseconds, no training; the other optimizers probe. probe: candidate rates
-    around that value, each trained 32 steps of 64 rows from the same start and judged on
-    held-out training rows (hvd_adaptive.train.tune.search; 0.3-1.5 s on 2 ranks of this
-    machine). auto: the rule with the full softmax, the probe with the sampled loss
-    (model.output, as resolved for the label count). With the full softmax the rule reached
-    the benchmark's targets sooner than the probe on 16 of 16 workloads, modes and targets;
-    with the sampled loss at 67,009 labels the probe's rate trained sync 1.2-1.4x sooner and
-    adaptive SGD about as soon (docs/benchmark.md, "Settings chosen by the tool")."""
+    root of the training rows' median L1 norm, over the fourth root of their mean labels a row
+    over 6 where above, and 1/sqrt(2) of that under the sampled loss
+    (hvd_adaptive.train.tune.centre), read from the rows in milliseconds, no training; the
+    other optimizers probe. probe: candidate rates around that value, each trained 32 steps of
+    64 rows from the same start and judged on held-out training rows
+    (hvd_adaptive.train.tune.search; 0.3-1.5 s on 2 ranks of this machine, 2.5-5.6 s on 8
+    quarter-core ranks). auto, the default, is the rule: it reached the benchmark's targets
+    sooner than the probe on every workload, mode and target measured (docs/benchmark.md,
+    "Settings chosen by the tool")."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9

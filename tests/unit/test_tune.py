@@ -222,9 +222,13 @@ def test_the_centre_follows_the_rows_l1_norm():
         values = np.array([3.0, 3.0, 2.0, 4.0, 60.0, 60.0])
         label_indptr = np.array([0, 1, 2, 3])
 
-    assert tune.centre("rowwise_adagrad", Rows, np.arange(3)) == pytest.approx(tune.ADAGRAD_STEP / 6 ** 0.5)
-    assert tune.centre("rowwise_adagrad", Rows, np.array([2])) == pytest.approx(tune.ADAGRAD_STEP / 120 ** 0.5)
-    assert tune.centre("sgd", Rows, np.arange(3)) == tune.CENTRES["sgd"]
+    def cfg(*sets):
+        return load_config("configs/tiny.yaml", ["model.output=full", *sets])[0]
+
+    adagrad = cfg("optim.name=rowwise_adagrad")
+    assert tune.centre(adagrad, Rows, np.arange(3)) == pytest.approx(tune.ADAGRAD_STEP / 6 ** 0.5)
+    assert tune.centre(adagrad, Rows, np.array([2])) == pytest.approx(tune.ADAGRAD_STEP / 120 ** 0.5)
+    assert tune.centre(cfg("optim.name=sgd"), Rows, np.arange(3)) == tune.CENTRES["sgd"]
 
 
 def _rows(n: int, scale: float = 1.0, labels: int = 1):
@@ -266,19 +270,25 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
     many = tune.rule(cfg, _rows(3000, labels=96), allgather)
     assert many.lr == pytest.approx(one.lr / 2) and many.labels_a_row == 96
     assert "(96 labels a row / 6) ** 0.25" in many.line()
+    # The sampled loss: 1/sqrt(2) of the full softmax's rate on the same rows, said so.
+    sampled_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, output="sampled"))
+    under = tune.rule(sampled_cfg, _rows(3000), allgather)
+    assert under.lr == pytest.approx(one.lr / math.sqrt(2)) and under.sampled and not one.sampled
+    assert "times 0.7071 for the sampled loss" in under.line()
+    assert "sampled loss" not in one.line()
     with pytest.raises(ConfigError, match=r"optim.lr=auto: none of the [0-9]+ training rows the "
                                           r"rule reads has a label"):
         tune.rule(cfg, _rows(3000, labels=0), allgather)
 
 
-def test_the_probe_is_taken_where_asked_for_under_the_sampled_loss_or_for_other_optimizers():
+def test_the_probe_is_taken_where_asked_for_or_for_other_optimizers():
     def cfg(*sets):  # model.output as the run resolves it
         return load_config("configs/tiny.yaml", ["optim.lr=auto", "model.output=full", *sets])[0]
 
     assert load_config(None)[0].optim.lr_choice == "auto"  # the default
-    # auto: the rule with the full softmax, the probe with the sampled loss
+    # auto: the rule with either loss
     assert tune.uses_rule(cfg("optim.name=rowwise_adagrad"))
-    assert not tune.uses_rule(cfg("optim.name=rowwise_adagrad", "model.output=sampled"))
+    assert tune.uses_rule(cfg("optim.name=rowwise_adagrad", "model.output=sampled"))
     assert tune.uses_rule(cfg("optim.name=rowwise_adagrad", "model.output=sampled",
                               "optim.lr_choice=rule"))
     assert tune.uses_rule(cfg("optim.name=adagrad", "optim.lr_choice=rule"))
