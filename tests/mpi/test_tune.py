@@ -202,6 +202,26 @@ def test_the_rule_moves_with_the_feature_scale_costs_no_training_and_refuses_no_
                      r"label; check that the training rows have labels", p.stdout + p.stderr), explain(p)
 
 
+def test_under_the_sampled_loss_the_default_takes_the_rule_at_a_lower_rate(tmp_path):
+    """optim.lr_choice auto (the default) on 2 ranks (`tune`), 20,000 labels: model.output auto
+    takes the sampled loss there, and the rule its SAMPLED_STEP of the full softmax's rate on
+    the same rows, saying so; no probe either way."""
+    chosen = {}
+    for output in ("auto", "full"):
+        p = mpirun(2, ["-m", "hvd_adaptive.cli", "tune", "--config", "configs/tiny.yaml",
+                       "--run-dir", str(tmp_path / output), "--set", "optim.name=rowwise_adagrad",
+                       "--set", "optim.lr=auto", "--set", "data.synth.n_labels=20000",
+                       "--set", f"model.output={output}"], timeout=180)
+        assert p.returncode == 0, explain(p)
+        line = re.search(r"optim.lr auto: ([0-9.]+) \(the rule: [^)]*\)", p.stdout)
+        assert line, p.stdout
+        assert "probing candidate rates" not in p.stdout, p.stdout
+        assert ("for the sampled loss" in line.group(0)) == (output == "auto"), line.group(0)
+        chosen[output] = float(line.group(1))
+        assert records(tmp_path / output, "start")[0]["lr_choice"]["method"] == "rule"
+    assert chosen["auto"] == pytest.approx(chosen["full"] * tune.SAMPLED_STEP, rel=1e-4), chosen
+
+
 @pytest.mark.parametrize("algorithm", ["sync", "adaptive"])
 def test_under_the_rule_every_rank_and_the_plain_script_train_at_the_same_rate(tmp_path, algorithm):
     sets = [*RULE, "train.epochs=0.5"]
