@@ -247,8 +247,8 @@ class RuleChoice:
                   if self.labels_a_row > LABELS_A_ROW else "")
         loss = f", times {SAMPLED_STEP:.4g} for the sampled loss" if self.sampled else ""
         return (f"optim.lr auto: {self.lr:g} (the rule: {ADAGRAD_STEP:g} over the square root of "
-                f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows{labels}{loss}; "
-                f"{self.seconds:.3f} s, charged to the clock)")
+                f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows"
+                f"{labels}{loss}; {self.seconds:.3f} s, charged to the clock)")
 
 
 def uses_rule(cfg) -> bool:
@@ -281,13 +281,14 @@ def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
     a label stop the run: no rate can learn from them."""
     t0 = time.perf_counter()
     rows, _ = probe_rows(ds.n_rows, cfg.train.batch_size)
-    if not (ds.label_indptr[rows + 1] > ds.label_indptr[rows]).any():
+    labels = labels_a_row(ds, rows)
+    if labels == 0:
         raise ConfigError(
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
-    norm, labels = median_l1(ds, rows), labels_a_row(ds, rows)
-    lr, norm, labels = allgather((norm_rate(norm, labels, sampled(cfg)), norm, labels))[0]
-    return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=sampled(cfg), rows=len(rows),
+    norm, loss = median_l1(ds, rows), sampled(cfg)
+    lr, norm, labels = allgather((norm_rate(norm, labels, loss), norm, labels))[0]
+    return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=loss, rows=len(rows),
                       seconds=max(allgather(time.perf_counter() - t0)))
 
 

@@ -229,6 +229,16 @@ def test_the_centre_follows_the_rows_l1_norm():
     assert tune.centre(adagrad, Rows, np.arange(3)) == pytest.approx(tune.ADAGRAD_STEP / 6 ** 0.5)
     assert tune.centre(adagrad, Rows, np.array([2])) == pytest.approx(tune.ADAGRAD_STEP / 120 ** 0.5)
     assert tune.centre(cfg("optim.name=sgd"), Rows, np.arange(3)) == tune.CENTRES["sgd"]
+    # The probe centres on the rule's rate: the sampled loss's step and the labels a row count.
+    sampled = cfg("optim.name=rowwise_adagrad", "model.output=sampled")
+    assert tune.centre(sampled, Rows, np.array([2])) == pytest.approx(
+        tune.ADAGRAD_STEP / 120 ** 0.5 * tune.SAMPLED_STEP)
+
+    class ManyLabels(Rows):  # 96 labels a row: 16 times LABELS_A_ROW, half the rate
+        label_indptr = np.array([0, 96, 192, 288])
+
+    assert tune.centre(adagrad, ManyLabels, np.array([2])) == pytest.approx(
+        tune.ADAGRAD_STEP / 120 ** 0.5 / 2)
 
 
 def _rows(n: int, scale: float = 1.0, labels: int = 1):
