@@ -297,6 +297,12 @@ class TrainConfig:
     """Seconds each rank times its standalone speed before the clock starts (at least 8
     steps): the split's starting point and the denominator of cluster efficiency. 2 s span 200
     periods of a CPU quota; the tiny test config uses less."""
+    keep_memory: bool = True
+    """Each rank's C allocator (glibc) keeps the memory the rank frees for its next
+    allocations instead of handing it back to the kernel, which zeroes fresh pages for every
+    large buffer a merge or a step allocates again (hvd_adaptive/parallel/memory.py): at 8
+    quarter-core ranks and 67,009 labels adaptive SGD reached the target 1.22x sooner with it
+    (docs/benchmark.md, "Freed memory kept"). A rank's memory then stays at its peak."""
     eval_memory_mb: float = 256.0
     """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank
     (test rows x block labels x 4 bytes), keeping a running top-k across blocks."""
