@@ -301,7 +301,7 @@ class TrainConfig:
     """Each rank's C allocator (glibc) keeps the memory the rank frees for its next
     allocations instead of handing it back to the kernel, which zeroes fresh pages for every
     large buffer a merge or a step allocates again (hvd_adaptive/parallel/memory.py): at 8
-    quarter-core ranks and 67,009 labels adaptive SGD reached the target 1.22x sooner with it
+    quarter-core ranks and 67,009 labels adaptive SGD reached the target 1.13x sooner with it
     (docs/benchmark.md, "Freed memory kept"). A rank's memory then stays at its peak."""
     eval_memory_mb: float = 256.0
     """Evaluation ranks all labels in blocks whose logits take at most this many MB per rank

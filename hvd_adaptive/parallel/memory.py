@@ -6,9 +6,9 @@ free top through trimming, and each thread's arena on its own heaps). A rank all
 same large buffers again and again: the merge's gathered rows, MPI's receive buffers,
 TensorFlow's outputs. Each time, the kernel zeroes fresh pages for them. At 8 quarter-core
 ranks and 67,009 labels that zeroing was 30% of a run's first merge, and keeping the freed
-memory in the process (one arena, no mmap, no trimming) took adaptive SGD to the target 1.22x
-sooner, its merges 0.36-0.40 s against 0.45-0.50 s, peak memory 1,362 MB against 1,455
-(docs/benchmark.md, "Freed memory kept"). A process's memory then never shrinks below its
+memory in the process (one arena, no mmap, no trimming) took adaptive SGD to the target 1.13x
+sooner (1.11-1.25x by seed, in one run), its later merges 0.30-0.46 s against 0.42-0.75 s, its
+peak memory 1,395 MB a rank against 1,476 (docs/benchmark.md, "Freed memory kept"). A process's memory then never shrinks below its
 peak, which is what the peak already holds.
 """
 from __future__ import annotations
