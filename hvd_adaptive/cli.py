@@ -28,24 +28,13 @@ VERBOSE_HELP = "show TensorFlow's and absl's start-up messages on every rank (hi
 
 def _train(args: argparse.Namespace) -> int:
     from hvd_adaptive.config import ConfigError, load_config
+    from hvd_adaptive.train.run import run_training
 
     if args.resume and not args.run_dir:
         raise ConfigError("--resume needs --run-dir: the folder of the run to continue")
     sets = [*args.set, "checkpoint.resume=auto"] if args.resume else args.set
     cfg, _ = load_config(args.config, sets, extra_sections=("sweep",))
-    _keep_memory(cfg)
-    from hvd_adaptive.train.run import run_training  # TensorFlow, Horovod and MPI from here
-
     return run_training(cfg, args.run_dir, verbose=args.verbose)
-
-
-def _keep_memory(cfg) -> None:
-    """train.keep_memory: glibc keeps what the rank frees (parallel/memory.py), set before
-    TensorFlow, Horovod and MPI start their threads."""
-    if cfg.train.keep_memory:
-        from hvd_adaptive.parallel.memory import keep_freed_memory
-
-        keep_freed_memory()
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -8,13 +8,12 @@ TensorFlow's outputs. Each time, the kernel zeroes fresh pages for them. At 8 qu
 ranks and 67,009 labels that zeroing was 30% of a run's first merge, and keeping the freed
 memory in the process (one arena, no mmap, no trimming) took adaptive SGD to the target 1.13x
 sooner (1.11-1.25x by seed, in one run), its later merges 0.30-0.46 s against 0.42-0.75 s, its
-peak memory 1,395 MB a rank against 1,476 (docs/benchmark.md, "Freed memory kept"). A process's memory then never shrinks below its
-peak, which is what the peak already holds.
+peak memory 1,395 MB a rank against 1,476 (docs/benchmark.md, "Freed memory kept"). A
+process's memory then stays at its peak instead of shrinking after it.
 """
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 # mallopt's parameters (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -28,11 +27,9 @@ def keep_freed_memory() -> bool:
     every thread, no block through mmap, no trimming. Call it before threads start (the
     arenas of threads already running stay as they are). Returns False where the C library
     is not glibc or refuses a setting (nothing is changed then beyond what it took)."""
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols, the C library's among them
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int

@@ -28,6 +28,10 @@ def run_training(cfg: Config, run_dir: Optional[str], verbose: bool = False,
         verbose: keep TensorFlow's and absl's start-up messages on stderr.
         choose_only: stop once the settings are chosen (`hvd-adaptive tune`), before training.
     """
+    if cfg.train.keep_memory:  # before TensorFlow, Horovod and MPI start their threads
+        from hvd_adaptive.parallel.memory import keep_freed_memory
+
+        keep_freed_memory()
     check_inputs(cfg, run_dir)
     quiet_tensorflow(verbose)  # before the first import of TensorFlow (distributed.init)
     from hvd_adaptive.parallel import distributed
