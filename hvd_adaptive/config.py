@@ -479,9 +479,19 @@ class MergeConfig:
     allreduce each), so a merge's transient buffers stay bounded at large label or feature
     counts; 0 sends them in one piece."""
 
+    overlap: bool = False
+    """Adaptive SGD: a window's merge runs in a background thread while the next window trains,
+    and lands at that window's end (each rank keeps its new steps on top of the merged model);
+    the model evaluated is the last merged one, a window behind. Pays where the merge waits on
+    a network or another device, not where it takes the computing's own CPU (docs/benchmark.md,
+    "A merge beside the next window"). float32 merges, without block momentum."""
+
     def validate(self, path: str) -> None:
         if self.chunk_mb < 0:
             raise ConfigError(f"{path}.chunk_mb: must be >= 0 (0: one piece), got {self.chunk_mb}")
+        if self.overlap and self.dtype != "float32":
+            raise ConfigError(f"{path}.overlap: needs {path}.dtype float32 (the float16 merge's "
+                              f"anchor is the model merged last, which the overlap moves), got {self.dtype}")
 
 
 @dataclass(frozen=True)
@@ -666,6 +676,13 @@ class Config:
     def validate(self, path: str = "") -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(f.name)
+        if self.merge.overlap and self.train.algorithm != "adaptive":
+            raise ConfigError(f"merge.overlap: only adaptive SGD overlaps its merge with training; "
+                              f"train.algorithm is {self.train.algorithm}")
+        if self.merge.overlap and self.adaptive.merge_momentum > 0:
+            raise ConfigError("merge.overlap: block momentum (adaptive.merge_momentum "
+                              f"{self.adaptive.merge_momentum}) steps from the merged model, which "
+                              "the overlap has a window later; set one of them off")
         if self.train.patience is not None and self.data.validation == 0:
             raise ConfigError(f"train.patience: {self.train.patience} needs a validation split "
                               "to measure (data.validation, e.g. 0.05)")

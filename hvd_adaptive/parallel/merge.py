@@ -47,6 +47,13 @@ from hvd_adaptive.config import MergeConfig
 from hvd_adaptive.model.network import RowMask, SparseMLP
 
 
+def _along(x, rm: RowMask, ndim: int):
+    """A per-row vector shaped to broadcast along the mask's axis of a variable."""
+    shape = [1] * ndim
+    shape[rm.axis] = -1
+    return tf.reshape(x, shape)
+
+
 class Merge:
     """merged = the rule above, over all ranks, in fused Horovod allreduces (one per piece).
 
@@ -62,8 +69,13 @@ class Merge:
     """
 
     def __init__(self, model: SparseMLP, slots: Optional[Sequence[Sequence[tf.Variable]]],
-                 cfg: MergeConfig, row_norm: bool, comm, label_norm: bool = False):
+                 cfg: MergeConfig, row_norm: bool, comm, label_norm: bool = False,
+                 central: Optional[Sequence[tf.Variable]] = None):
         self.model, self.cfg, self.comm = model, cfg, comm
+        # merge.overlap: the merged model's copy every rank evaluates (the model's variables,
+        # in order); the merge in flight, if any (`start`, `finish`).
+        self.central = list(central) if central is not None else None
+        self._pending: Optional[_Pending] = None
         variables = model.variables_list
         masks = model.row_masks
         # (variable, its RowMask or None, row-normalized?)
@@ -95,66 +107,115 @@ class Merge:
         self._merge_first = self._build(with_whole=True, name="weighted_merge")
         self._merge_rows = (self._build(with_whole=False, name="weighted_merge_rows")
                             if self.partial else None)
+        if cfg.overlap:
+            self._overlap_first = self._build_overlap(with_whole=True)
+            self._overlap_rows = self._build_overlap(with_whole=False) if self.partial else None
 
     def _part(self, rm: Optional[RowMask]) -> bool:
         """Whether a variable travels as the rows of U (sparse merge of a sparse layer)."""
         return self.cfg.sparse and rm is not None and rm.sparse
+
+    def _covered(self, with_whole: bool) -> list:
+        """(index, variable, mask, row-normalized?, travels as rows?) of the items a piece
+        carries: the first piece every item, later pieces the sparse layers' rows only."""
+        return [(j, v, rm, norm, self._part(rm)) for j, (v, rm, norm) in enumerate(self.items)
+                if with_whole or self._part(rm)]
+
+    def _signature(self) -> tuple:
+        """A piece's inputs: per mask its rows and this rank's factor per row, then the weight."""
+        n = len(self.model.touched)
+        return ((tf.TensorSpec([None], tf.int64),) * n + (tf.TensorSpec([None], tf.float32),) * n
+                + (tf.TensorSpec([], tf.float32),))
+
+    def _send(self, items, rows, mine, weight):
+        """This rank's part of a piece, weighted for the sum: (what it sends, the position of
+        each normalized mask's row shares among them, the anchor's rows (float16), the values
+        it took). Per mask of model.touched, `mine` is this rank's factor per row: 1 where it
+        touched the row, 0 where another rank did (whole masks: also 1 on rows nobody touched,
+        which then take the plain weighted average)."""
+        sent, shares, base, taken = [], {}, {}, {}
+        for j, v, rm, norm, part in items:
+            x = taken[j] = tf.gather(v, rows[rm.mask]) if part else tf.identity(v)
+            if self.anchor is not None:
+                # The anchor's rows, read once: the change is sent against them and the summed
+                # change lands on them (a second gather cost a pass over the rows).
+                a = self.anchor[j]
+                base[j] = tf.gather(a, rows[rm.mask]) if part else tf.identity(a)
+                x = x - base[j]
+            scale = _along(weight * mine[rm.mask], rm, len(v.shape)) if norm else weight
+            sent.append(tf.cast(x * scale, self.wire))
+        for m in sorted({rm.mask for _, _, rm, norm, _ in items if norm}):
+            shares[m] = len(sent)
+            sent.append(tf.cast(weight * mine[m], self.wire))
+        return sent, shares, base, taken
+
+    def _land(self, items, rows, summed, shares, base, taken=None) -> None:
+        """Writes a piece's sum back: divided by the row shares where normalized, onto the
+        anchor (float16). With `taken` (an overlapped merge landing after more steps), each
+        variable becomes the merged value plus its change since it was sent, so this rank's
+        steps since then stay on top of the merged model; the central copy takes the merged
+        value."""
+        for k, (j, v, rm, norm, part) in enumerate(items):
+            y = tf.cast(summed[k], tf.float32)
+            if norm:
+                y = y / tf.maximum(_along(tf.cast(summed[shares[rm.mask]], tf.float32), rm,
+                                          len(v.shape)), 1e-30)
+            if self.anchor is not None:
+                y = base[j] + y
+            mine = y
+            if taken is not None:
+                # merged + (now - sent): rows without a step since are the merged value itself,
+                # bit for bit the same on every rank.
+                now = tf.gather(v, rows[rm.mask]) if part else tf.identity(v)
+                mine = y + (now - taken[j])
+            targets = [(v, mine)]
+            if self.anchor is not None:
+                targets.append((self.anchor[j], y))
+            if self.central is not None and j < len(self.central):
+                targets.append((self.central[j], y))
+            for var, value in targets:
+                if part:
+                    var.scatter_update(tf.IndexedSlices(value, rows[rm.mask]))
+                else:
+                    var.assign(value)
 
     def _build(self, with_whole: bool, name: str):
         """The merge of the items it covers as one tf.function: rows (or whole variables),
         weighted, one grouped Horovod allreduce, divided by the row shares, written back."""
         import horovod.tensorflow as hvd
 
-        items = [(j, v, rm, norm, self._part(rm)) for j, (v, rm, norm) in enumerate(self.items)
-                 if with_whole or self._part(rm)]
-        # Per mask of model.touched: the rows that travel (partial masks) and this rank's
-        # factor per row (1 where it touched the row, 0 where another rank did; whole masks:
-        # also 1 on rows nobody touched, which then take the plain weighted average).
-        n = len(self.model.touched)
-        signature = ((tf.TensorSpec([None], tf.int64),) * n + (tf.TensorSpec([None], tf.float32),) * n
-                     + (tf.TensorSpec([], tf.float32),))
+        items, n = self._covered(with_whole), len(self.model.touched)
 
-        def along(x, rm, ndim):
-            """A per-row vector shaped to broadcast along the mask's axis of a variable."""
-            shape = [1] * ndim
-            shape[rm.axis] = -1
-            return tf.reshape(x, shape)
-
-        @tf.function(input_signature=signature, autograph=False)
+        @tf.function(input_signature=self._signature(), autograph=False)
         def merge(*args):
             rows, mine, weight = args[:n], args[n:2 * n], args[2 * n]
-            sent, shares, base = [], {}, {}
-            for j, v, rm, norm, part in items:
-                x = tf.gather(v, rows[rm.mask]) if part else tf.identity(v)
-                if self.anchor is not None:
-                    # The anchor's rows, read once: the change is sent against them and the
-                    # summed change lands on them (a second gather cost a pass over the rows).
-                    a = self.anchor[j]
-                    base[j] = tf.gather(a, rows[rm.mask]) if part else tf.identity(a)
-                    x = x - base[j]
-                scale = along(weight * mine[rm.mask], rm, len(v.shape)) if norm else weight
-                sent.append(tf.cast(x * scale, self.wire))
-            for m in sorted({rm.mask for _, _, rm, norm, _ in items if norm}):
-                shares[m] = len(sent)
-                sent.append(tf.cast(weight * mine[m], self.wire))
+            sent, shares, base, _ = self._send(items, rows, mine, weight)
             summed = hvd.grouped_allreduce(sent, op=hvd.Sum, name=name)
-            for k, (j, v, rm, norm, part) in enumerate(items):
-                y = tf.cast(summed[k], tf.float32)
-                if norm:
-                    share = along(tf.cast(summed[shares[rm.mask]], tf.float32), rm, len(v.shape))
-                    y = y / tf.maximum(share, 1e-30)
-                if self.anchor is not None:
-                    y = base[j] + y
-                if part:
-                    v.scatter_update(tf.IndexedSlices(y, rows[rm.mask]))
-                    if self.anchor is not None:
-                        self.anchor[j].scatter_update(tf.IndexedSlices(y, rows[rm.mask]))
-                else:
-                    v.assign(y)
-                    if self.anchor is not None:
-                        self.anchor[j].assign(y)
+            self._land(items, rows, summed, shares, base)
 
         return merge
+
+    def _build_overlap(self, with_whole: bool):
+        """The overlapped merge's two halves as tf.functions: `take` (this rank's values and
+        what it sends) and `land` (the sum written back, after more steps or exactly)."""
+        items, n = self._covered(with_whole), len(self.model.touched)
+
+        @tf.function(input_signature=self._signature(), autograph=False)
+        def take(*args):
+            rows, mine, weight = args[:n], args[n:2 * n], args[2 * n]
+            sent, _, _, taken = self._send(items, rows, mine, weight)
+            return sent, [taken[j] for j, *_ in items]
+
+        # Where each normalized mask's row shares sit among the sent values (`_send`'s order).
+        masks = sorted({rm.mask for _, _, rm, norm, _ in items if norm})
+        shares = {m: len(items) + i for i, m in enumerate(masks)}
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def land(rows, summed, taken, exact):
+            self._land(items, rows, summed, shares, {},
+                       None if exact else dict(zip([j for j, *_ in items], taken)))
+
+        return take, land
 
     def warm_up(self, weight: float) -> None:
         """A merge of every row, for replicas that are equal (right after the broadcast): it
@@ -194,6 +255,57 @@ class Merge:
         coordinating beside it, each MPI collective cost a long wait at 8 quarter-core ranks,
         whatever its size, so the merge spares one when it can (docs/benchmark.md, "Where the
         defaults come from")."""
+        for k, args in enumerate(self._piece_inputs(weight, gathered)):
+            (self._merge_first if k == 0 else self._merge_rows)(*args)
+
+    def start(self, weight: float, gathered: Optional[Sequence[np.ndarray]] = None) -> None:
+        """merge.overlap: takes this window's values and what this rank sends now, and sums
+        them over ranks in a background thread while training goes on; `finish` lands the
+        result. Arguments as for a merge (`__call__`)."""
+        import threading
+
+        if self._pending is not None:
+            raise RuntimeError("merge.start: the previous merge has not landed (finish)")
+        pending = _Pending()
+        for k, args in enumerate(self._piece_inputs(weight, gathered)):
+            take, land = self._overlap_first if k == 0 else self._overlap_rows
+            sent, taken = take(*args)
+            n = len(self.model.touched)
+            pending.pieces.append((args[:n], sent, taken, land))
+        pending.thread = threading.Thread(target=pending.reduce, name="hvd-adaptive-merge",
+                                          daemon=True)
+        pending.thread.start()
+        self._pending = pending
+
+    def finish(self, exact: bool = False) -> float:
+        """Lands the merge in flight (merge.overlap), waiting for its sums: each variable becomes
+        the merged value plus its change since `start`, keeping this rank's steps since then on
+        top of the merged model; `exact` (no step since `start`) writes the merged
+        values themselves, so the replicas are identical again. The central copy takes the
+        merged model. Returns the seconds spent waiting for the sums (0 without a merge in
+        flight)."""
+        import time
+
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return 0.0
+        t0 = time.perf_counter()
+        pending.thread.join()
+        waited = time.perf_counter() - t0
+        if pending.error is not None:
+            raise RuntimeError("the overlapped merge failed in its thread") from pending.error
+        for (rows, _, taken, land), summed in zip(pending.pieces, pending.summed):
+            land(rows, summed, taken, exact)
+        return waited
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a merge has started and not landed (merge.overlap)."""
+        return self._pending is not None
+
+    def _piece_inputs(self, weight: float, gathered: Optional[Sequence[np.ndarray]]) -> list:
+        """The union of the ranks' touched rows, cut into the pieces that travel (one
+        allreduce each), as each piece's tensors (`_signature`); records the bytes and pieces."""
         from mpi4py import MPI
 
         touched = self.model.touched.numpy()
@@ -222,12 +334,10 @@ class Merge:
         split = [np.array_split(r, pieces) for r in rows]
         split_mine = [np.array_split(x, pieces) if m in self.partial else [x] * pieces
                       for m, x in enumerate(mine)]
-        for k in range(pieces):
-            step = self._merge_first if k == 0 else self._merge_rows
-            step(*(tf.constant(r[k]) for r in split), *(tf.constant(x[k]) for x in split_mine),
-                 tf.constant(weight, tf.float32))
         self.last_pieces = pieces
         self.last_bytes = self._bytes(rows)
+        return [(*(tf.constant(r[k]) for r in split), *(tf.constant(x[k]) for x in split_mine),
+                 tf.constant(weight, tf.float32)) for k in range(pieces)]
 
     def _pieces(self, rows: list) -> int:
         """How many allreduces the touched rows travel in: each piece's rows stay under
@@ -244,3 +354,26 @@ class Merge:
     def _bytes(self, rows: list) -> int:
         """Bytes one rank puts into the merge's allreduces."""
         return (self.fixed_values + self._row_values(rows)) * self.wire.size
+
+
+class _Pending:
+    """An overlapped merge in flight: per piece its rows, what this rank sent, the values it
+    took and the function that lands it; the thread that sums them over ranks."""
+
+    def __init__(self):
+        self.pieces: list = []
+        self.summed: list = []
+        self.error: Optional[BaseException] = None
+        self.thread = None
+
+    def reduce(self) -> None:
+        """The sums, piece after piece, in one grouped Horovod allreduce each (every rank
+        starts its pieces in the same order)."""
+        import horovod.tensorflow as hvd
+
+        try:
+            for k, (_, sent, _, _) in enumerate(self.pieces):
+                self.summed.append(hvd.grouped_allreduce(list(sent), op=hvd.Sum,
+                                                         name=f"overlapped_merge_{k}"))
+        except BaseException as e:  # raised again by Merge.finish on the training thread
+            self.error = e

@@ -252,7 +252,10 @@ class Trainer:
                 log.say(f"early stop: validation P@1 has not passed {self.best_val:.4f} in "
                         f"{stale} evaluations (train.patience {cfg.patience})")
                 break
-        if not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
+        # A merge still in flight (merge.overlap) lands first: the last evaluation then saw
+        # the model merged a window earlier, and the final one sees the merged end.
+        settled = self.algo.settle()
+        if settled or not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
             self.evaluate(pos.last_progress)
         if self.ckpt.final_due(pos.rounds):
             self.save()
@@ -364,6 +367,7 @@ class Trainer:
         return said + f" (best: the average, test P@1 {m['p_at_1']:.4f})"
 
     def save(self) -> None:
+        self.algo.settle()  # a checkpoint holds merged replicas (merge.overlap)
         self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
 
     def finish(self, rates: list[float], base_p1: float) -> dict:

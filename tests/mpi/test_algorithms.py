@@ -135,8 +135,8 @@ def test_static_scheduler_follows_measured_speed(runs):
     assert rows[-1, 0] > 1.3 * rows[-1, 1], rows.tolist()
 
 
-MERGES = {2: ["plain", "momentum", "dense_sampled", "float16", "rowwise"],
-          3: ["row_norm", "sampled", "chunked"]}
+MERGES = {2: ["plain", "momentum", "dense_sampled", "float16", "rowwise", "overlap"],
+          3: ["row_norm", "sampled", "chunked", "overlap_sampled"]}
 
 
 @pytest.fixture(scope="module")

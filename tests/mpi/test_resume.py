@@ -18,12 +18,16 @@ from tests.harness.mpirun import before_tf, mpirun, records, train_many
 
 # 4 epochs of the tiny config: 16 rounds of 512 rows (hogbatch: 8 rounds of half an epoch).
 BASE = ("train.epochs=4", "train.eval_every=2", "hogbatch.round_epochs=0.5")
-ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8, "auto": 16}
+ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8, "auto": 16, "overlap": 16}
+ALGORITHM = {"overlap": "adaptive"}  # names that are an algorithm with settings (FIXED)
 # auto's choice follows measured speeds. An averaging cost no measurement can beat leaves only
 # the rule's probes: grad, avg, grad x 4, avg at window 6, grad x 4, avg at 11. A resumed run
 # (from window 8) that lost the last probes would probe avg at once; one that lost the rates
 # would measure both modes again (grad, avg at 8 and 9).
-FIXED = {"auto": ("auto.averaging_cost=1000", "auto.probe_every=4")}
+FIXED = {"auto": ("auto.averaging_cost=1000", "auto.probe_every=4"),
+         # Adaptive SGD with each merge landing a window later: its checkpoints and its end
+         # land the merge in flight first (Algorithm.settle).
+         "overlap": ("merge.overlap=true",)}
 
 
 def interrupted(run, n, sets, fail_at) -> None:
@@ -50,7 +54,7 @@ def adaptive_cut(tmp_path_factory):
 
 def _sets(name: str) -> tuple[str, ...]:
     rounds = ALGOS[name]
-    return (f"train.algorithm={name}", *BASE, f"checkpoint.every={rounds // 4}", *FIXED.get(name, ()))
+    return (f"train.algorithm={ALGORITHM.get(name, name)}", *BASE, f"checkpoint.every={rounds // 4}", *FIXED.get(name, ()))
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +103,16 @@ def test_every_algorithm_resumes_where_it_stopped_and_learns(resumed, name):
     base = s["baseline_p_at_1"]
     # It learns (uninterrupted runs: 0.54-0.69 here from a baseline of 0.25).
     assert s["final"]["p_at_1"] > base + 0.2, (name, s["final"], base)
+    if name in ("adaptive", "local", "auto", "overlap"):  # they end with equal replicas
+        fp = s["replica_fingerprints"]
+        assert all(f == fp[0] for f in fp), (name, fp)
+    if name == "overlap":
+        # Every round after the first waited for (or found done) the merge it landed, and the
+        # run's last evaluation came after the last merge landed: the end of the run.
+        waits = [r["ranks"][0].get("merge_wait_s") for r in rounds_log]
+        assert all(w is not None and w >= 0 for w in waits), waits
+        evals = records(run, "eval")
+        assert evals[-1]["epoch"] == 4.0 and evals[-1]["p_at_1"] == s["final"]["p_at_1"]
     if name == "auto":
         probe_every = json.loads((run / "config.json").read_text())["auto"]["probe_every"]
         rates, last, want = {m: None for m in MODES}, {}, []

@@ -23,6 +23,7 @@ from hvd_adaptive.train import balance
 from hvd_adaptive.train.algorithms.base import Algorithm, RoundStats, Window, chunks
 from hvd_adaptive.parallel.distributed import allgather, broadcast_variables, shared_counter
 from hvd_adaptive.parallel.merge import Merge
+from hvd_adaptive.model.network import SparseMLP
 
 
 class Adaptive(Algorithm):
@@ -42,11 +43,17 @@ class Adaptive(Algorithm):
         self.prev_norm = None
         # Optimizer state under averaging: each rank's own (local), or merged with the model.
         slots = self.opt.slots if a.opt_state != "local" else None
+        # merge.overlap: a window's merge runs while the next one trains; the merged model,
+        # the same on every rank, is kept in a copy that evaluations read.
+        self.overlap = self.cfg.merge.overlap
+        self.central = (SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model)
+                        if self.overlap else None)
         # Normalized model merging, row-normalized for the row-sparse layers (adaptive.row_norm)
         # and the full softmax's labels (adaptive.label_norm),
         # moving only touched rows (merge.sparse): hvd_adaptive/parallel/merge.py.
         self.merge = Merge(self.model, slots, self.cfg.merge, a.row_norm, self.cluster.comm,
-                           label_norm=a.label_norm)
+                           label_norm=a.label_norm,
+                           central=self.central.variables_list if self.overlap else None)
         # Dynamic scheduling needs MPI one-sided windows; where MPI cannot host them (across
         # nodes under OpenMPI's default osc) every rank takes the static scheduler instead.
         self.counter = shared_counter(self.cluster.comm) if a.scheduler == "rma" else None
@@ -62,6 +69,7 @@ class Adaptive(Algorithm):
         # Replicas are equal now: a merge of every row changes nothing and pays the first use
         # of the merge's buffers before the clock starts.
         self.merge.warm_up(1.0 / self.cluster.size)
+        self._copy_central()
         if self.adaptive_cfg.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
                 x.assign(v)
@@ -117,7 +125,13 @@ class Adaptive(Algorithm):
             self.shares = balance.batch_shares(info[:, 0] if a.weights == "batches" else info[:, 1])
             self.weights = balance.merge_weights(self.shares, self.boost, a.norm_factor)
             # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
-            self.merge(float(self.weights[r]), gathered=[g[3] for g in got])
+            if self.overlap:
+                # The last window's merge lands under this window's steps, and this window's
+                # starts; training goes on while it travels.
+                stats.extra["merge_wait_s"] = round(self.merge.finish(), 4)
+                self.merge.start(float(self.weights[r]), gathered=[g[3] for g in got])
+            else:
+                self.merge(float(self.weights[r]), gathered=[g[3] for g in got])
             if a.merge_momentum > 0:
                 self._block_momentum()
         stats.note_merge(self.merge)
@@ -127,6 +141,23 @@ class Adaptive(Algorithm):
         self.speed = rate if w.index == 0 else 0.5 * self.speed + 0.5 * rate
         self._rescale(w.progress)
         return stats
+
+    def settle(self) -> bool:
+        """Lands the merge in flight (merge.overlap): the replicas and the central copy are the
+        merged model again. True if one was in flight."""
+        if not self.merge.in_flight:
+            return False
+        self.merge.finish(exact=True)
+        return True
+
+    def eval_model(self) -> SparseMLP:
+        # Under merge.overlap the replicas hold their own steps on top of the merged model.
+        return self.central if self.overlap else self.model
+
+    def _copy_central(self) -> None:
+        if self.central is not None:
+            for c, v in zip(self.central.variables_list, self.variables):
+                c.assign(v)
 
     def _block_momentum(self) -> None:
         mu, lr = self.adaptive_cfg.merge_momentum, self.adaptive_cfg.merge_lr
@@ -189,6 +220,7 @@ class Adaptive(Algorithm):
         self.weights = self.per_rank(d, "adaptive.weights", np.full(n, 1.0 / n))
         self.speed = self.per_rank(d, "adaptive.speed", np.ones(n))
         self.merge.reset_anchor()  # the checkpoint is taken right after a merge
+        self._copy_central()
         self.boost, self.prev_norm = bool(d["adaptive.boost"]), d["adaptive.prev_norm"]
         if self.adaptive_cfg.merge_momentum > 0:
             for i, (x, v) in enumerate(zip(self.anchor, self.velocity)):

@@ -353,6 +353,11 @@ class Algorithm:
         """The model to evaluate (identical on all ranks)."""
         return self.model
 
+    def settle(self) -> bool:
+        """Finishes work a round left in flight (adaptive SGD's overlapped merge), so the
+        replicas are what a checkpoint or the run's end should hold; True if there was any."""
+        return False
+
     def on_eval(self, weight_norm: float) -> None:
         """Called on every rank after each evaluation of `eval_model` with the L2 norm of its
         weights (the eval record's weight_norm); adaptive's normalization follows its trend."""

@@ -45,10 +45,41 @@ MODES = {
     # One optimizer value a row of the input and the sampled output layer: their [rows x 1]
     # accumulators travel as rows.
     "rowwise": [*NORM, *SAMPLED, "optim.name=rowwise_adagrad"],
+    # merge.overlap: each merge lands a window later, under the next window's steps
+    # (check_overlap); the full softmax's label-normalized layers, and the sampled loss's rows
+    # in several pieces.
+    "overlap": [*NORM, "adaptive.label_norm=true", "merge.overlap=true"],
+    "overlap_sampled": [*NORM, *SAMPLED, "merge.overlap=true", "merge.chunk_mb=0.02"],
 }
 
 
-def check(mode: str, c) -> None:
+def merged(before, w, touched, items, expect_norm, kinds: set) -> list:
+    """The merge rule in numpy: every rank's values `before` (rank, item), weights `w`, touched
+    masks; adds to `kinds` how many ranks touched each normalized row."""
+    n = len(before)
+    want = [sum(w[i] * before[i][j].astype(np.float64) for i in range(n))
+            for j in range(len(items))]
+    for j, (v, rm, _) in enumerate(items):
+        if not expect_norm[j]:
+            continue
+        # The row-normalized rule along the mask's axis (the full softmax's labels are the
+        # kernel's columns): rows some rank touched take the touching ranks' weighted
+        # average; rows nobody touched keep the plain one.
+        mask = [touched[i][rm.mask] for i in range(n)]
+        hits = sum(t.astype(int) for t in mask)
+        share = sum(w[i] * mask[i] for i in range(n))
+        rows = share > 0
+        assert rows.any() and not rows.all(), f"variable {j}: some rows must go untouched"
+        kinds.update(np.unique(hits).tolist())
+        by_row = [np.moveaxis(before[i][j].astype(np.float64), rm.axis, 0) for i in range(n)]
+        num = sum(w[i] * mask[i].reshape((-1,) + (1,) * (want[j].ndim - 1)) * by_row[i]
+                  for i in range(n))
+        got = np.moveaxis(want[j], rm.axis, 0)  # a view: writes land in want[j]
+        got[rows] = num[rows] / share[rows].reshape((-1,) + (1,) * (want[j].ndim - 1))
+    return want
+
+
+def config(mode: str):
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=adaptive", "train.epochs=1", "train.window_samples=512",
         # The static scheduler gives every rank rows in every window; under the shared counter
@@ -56,6 +87,101 @@ def check(mode: str, c) -> None:
         # no row touched by two ranks), and the row-normalized rule would go unchecked.
         "adaptive.scheduler=static",
         "hetero.slowdown={1: 2.0}", "optim.name=adagrad", "optim.lr=0.1", *MODES[mode]])
+    return cfg
+
+
+def expected_norm(cfg, algo) -> list:
+    """Which merged items the config asks to row-normalize (the model's variables come first
+    in items, then the optimizer slots, which are merged plainly)."""
+    a, n_model = cfg.adaptive, len(algo.model.variables_list)
+    return [j < n_model and rm is not None and (a.row_norm if rm.sparse else a.label_norm)
+            for j, (_, rm, _) in enumerate(algo.merge.items)]
+
+
+def check_overlap(mode: str, c) -> None:
+    """merge.overlap on real ranks: the merge a window starts lands at the next window's end,
+    moving every rank's replica by the merged value minus what it sent (its steps since then
+    stay on top); the central copy, the same on every rank, is the merged model; settle() puts
+    the merged model itself back on every replica."""
+    from hvd_adaptive.data import load_data
+    from tests.harness.real_algorithm import build
+
+    cfg = config(mode)
+    train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
+    algo = build(cfg, c, train)
+    model, items = algo.model, algo.merge.items
+    tracked = [v for v, _, _ in items]
+    n_model = len(model.variables_list)
+    assert algo.eval_model() is algo.central and algo.central is not model
+    expect_norm = expected_norm(cfg, algo)
+    seen = {"landed": 0, "moved": 0}
+    kinds: set = set()
+
+    def check_landed(pre, post, exact: bool) -> None:
+        want = merged(seen["sent"], seen["weights"], seen["touched"], items, expect_norm, kinds)
+        own = seen["sent"][c.rank]
+        for j, (b, a, s, m) in enumerate(zip(pre, post, own, want)):
+            expect = m if exact else m + (b.astype(np.float64) - s)
+            np.testing.assert_allclose(a, expect, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{mode}: item {j} after landing {seen['landed']}")
+            seen["moved"] += int(not exact and not np.array_equal(b, s))
+        for j, x in enumerate(algo.central.variables_list):
+            assert j < n_model
+            np.testing.assert_allclose(x.numpy(), want[j], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{mode}: central variable {j}")
+            for other in c.comm.allgather(x.numpy())[1:]:
+                np.testing.assert_array_equal(other, x.numpy())
+        seen["landed"] += 1
+
+    class Spy:
+        """Wraps the real merge: what every rank sends at `start`; each landing checked."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def start(self, weight, gathered=None):
+            seen["sent"] = c.comm.allgather([v.numpy().copy() for v in tracked])
+            seen["weights"] = np.array(c.comm.allgather(weight))
+            seen["touched"] = c.comm.allgather(model.touched.numpy())
+            self.inner.start(weight, gathered=gathered)
+
+        def finish(self, exact=False):
+            if not self.inner.in_flight:
+                return self.inner.finish(exact)
+            pre = [v.numpy().copy() for v in tracked]
+            waited = self.inner.finish(exact)
+            check_landed(pre, [v.numpy() for v in tracked], exact)
+            return waited
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    algo.merge = Spy(algo.merge)
+    windows = 0
+    while algo.run_round() is not None:
+        windows += 1
+        assert algo.merge.in_flight, f"{mode}: window {windows} left no merge in flight"
+    assert algo.settle() and not algo.merge.in_flight
+    after = [v.numpy() for v in tracked]
+    for other in c.comm.allgather(after)[1:]:  # settled: replicas identical again
+        for a, b in zip(after, other):
+            np.testing.assert_array_equal(a, b)
+    for x, v in zip(algo.central.variables_list, model.variables_list):
+        np.testing.assert_array_equal(x.numpy(), v.numpy())
+    moved = c.comm.allreduce(seen["moved"])
+    if c.is_root:
+        # Every landing but the settling one came after a window's steps, which moved the replicas.
+        assert windows >= 4 and seen["landed"] == windows and moved > 0, (windows, seen, moved)
+        assert kinds >= {0, 1}, kinds
+        if mode == "overlap_sampled":
+            assert algo.merge.last_pieces > 2, algo.merge.last_pieces
+        print(f"merge ok ({mode}): {windows} windows checked, {seen['landed']} landings", flush=True)
+
+
+def check(mode: str, c) -> None:
+    if mode.startswith("overlap"):
+        return check_overlap(mode, c)
+    cfg = config(mode)
     from hvd_adaptive.data import load_data
     from tests.harness.real_algorithm import build
 
@@ -72,11 +198,7 @@ def check(mode: str, c) -> None:
     for v, others in zip(tracked, zip(*c.comm.allgather([v.numpy() for v in tracked]))):
         for x in others[1:]:
             np.testing.assert_array_equal(x, others[0], err_msg=f"{mode}: {v.name} after setup")
-    # Which tracked variables the config asks to row-normalize (the model's variables come
-    # first in items, then the optimizer slots, which are merged plainly).
-    a = cfg.adaptive
-    expect_norm = [j < len(model.variables_list) and rm is not None
-                   and (a.row_norm if rm.sparse else a.label_norm) for j, (_, rm, _) in enumerate(items)]
+    expect_norm = expected_norm(cfg, algo)
     seen = {}
 
     class Spy:
@@ -125,30 +247,12 @@ def check(mode: str, c) -> None:
         for other in c.comm.allgather(after)[1:]:  # replicas identical after every merge
             for a, b in zip(after, other):
                 np.testing.assert_array_equal(a, b)
-        before = seen["before"]
-        want = [sum(w[i] * before[i][j].astype(np.float64) for i in range(c.size))
-                for j in range(len(tracked))]
-        for j, (v, rm, _) in enumerate(items):
-            if not expect_norm[j]:
-                continue
-            # The row-normalized rule along the mask's axis (the full softmax's labels are the
-            # kernel's columns): rows some rank touched take the touching ranks' weighted
-            # average; rows nobody touched keep the plain one.
-            touched = [seen["touched"][i][rm.mask] for i in range(c.size)]
-            hits = sum(t.astype(int) for t in touched)
-            share = sum(w[i] * touched[i] for i in range(c.size))
-            rows = share > 0
-            assert rows.any() and not rows.all(), f"variable {j}: some rows must go untouched"
-            kinds.update(np.unique(hits).tolist())
-            by_row = [np.moveaxis(before[i][j].astype(np.float64), rm.axis, 0) for i in range(c.size)]
-            num = sum(w[i] * touched[i].reshape((-1,) + (1,) * (want[j].ndim - 1)) * by_row[i]
-                      for i in range(c.size))
-            got = np.moveaxis(want[j], rm.axis, 0)  # a view: writes land in want[j]
-            got[rows] = num[rows] / share[rows].reshape((-1,) + (1,) * (want[j].ndim - 1))
+        want = merged(seen["before"], w, seen["touched"], items, expect_norm, kinds)
         if mode == "momentum":
             for j in range(len(model.variables_list)):
                 velocity[j] = 0.5 * velocity[j] + (want[j] - anchor[j])
                 want[j] = anchor[j] + 0.5 * velocity[j]
+        before = seen["before"]
         for j, (a, b) in enumerate(zip(after, want)):
             if mode == "float16":
                 # Each rank's change since the anchor is rounded to 16 bits (relative 2^-11),
