@@ -191,6 +191,7 @@ class Trainer:
         self.inv_prop = inverse_propensities(train_ds.label_frequencies(), train_ds.n_rows,
                                              cfg.data.propensity_a, cfg.data.propensity_b)
         self.evaluator: Optional[Evaluator] = None
+        self.landed = False  # a merge landed after the last evaluation (settle)
         self.faults = Faults.from_env(self.cluster.rank)
         cut = [e for e in position.evals if "lr" in e]
         if any(e.get("lr_cut") for e in cut):  # a resumed run goes on at the rate it had cut to
@@ -254,8 +255,8 @@ class Trainer:
                 break
         # A merge still in flight (merge.overlap) lands first: the last evaluation then saw
         # the model merged a window earlier, and the final one sees the merged end.
-        settled = self.algo.settle()
-        if settled or not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
+        self.settle()
+        if self.landed or not pos.evals or pos.evals[-1]["epoch"] != round(pos.last_progress, 4):
             self.evaluate(pos.last_progress)
         if self.ckpt.final_due(pos.rounds):
             self.save()
@@ -282,6 +283,7 @@ class Trainer:
     def evaluate(self, progress: float) -> None:
         """Evaluates the algorithm's model on the test set (every rank), records and says it."""
         model, pos = self.algo.eval_model(), self.position
+        self.landed = False
         # The weights' L2 norm is part of every eval record (weight_norm); the algorithm hears
         # it too (Algorithm.on_eval: adaptive normalization follows its trend).
         finite, norm = weight_stats(model.variables_list)
@@ -366,8 +368,13 @@ class Trainer:
             return said + f" (best: the average kept, test P@1 {m['p_at_1']:.4f})"
         return said + f" (best: the average, test P@1 {m['p_at_1']:.4f})"
 
+    def settle(self) -> None:
+        """Lands the algorithm's work in flight (Algorithm.settle); `landed` then says that the
+        model changed since the last evaluation read it."""
+        self.landed = self.algo.settle() or self.landed
+
     def save(self) -> None:
-        self.algo.settle()  # a checkpoint holds merged replicas (merge.overlap)
+        self.settle()  # a checkpoint holds merged replicas (merge.overlap)
         self.ckpt.save_training(self.algo, self.log, self.position.rounds, self.position.saved())
 
     def finish(self, rates: list[float], base_p1: float) -> dict:
