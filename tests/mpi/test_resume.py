@@ -18,8 +18,12 @@ from tests.harness.mpirun import before_tf, mpirun, records, train_many
 
 # 4 epochs of the tiny config: 16 rounds of 512 rows (hogbatch: 8 rounds of half an epoch).
 BASE = ("train.epochs=4", "train.eval_every=2", "hogbatch.round_epochs=0.5")
-ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8, "auto": 16, "overlap": 16}
-ALGORITHM = {"overlap": "adaptive"}  # names that are an algorithm with settings (FIXED)
+ALGOS = {"adaptive": 16, "local": 16, "sma": 16, "hogbatch": 8, "auto": 16, "overlap": 16,
+         "sma_sampled": 16}
+# Names that are an algorithm with settings (FIXED).
+ALGORITHM = {"overlap": "adaptive", "sma_sampled": "sma"}
+# The sampled loss by label frequency: a second model (the central one) needs the frequencies too.
+SAMPLED = ("model.output=sampled", "model.sampler=frequency", "model.negatives=8")
 # auto's choice follows measured speeds. An averaging cost no measurement can beat leaves only
 # the rule's probes: grad, avg, grad x 4, avg at window 6, grad x 4, avg at 11. A resumed run
 # (from window 8) that lost the last probes would probe avg at once; one that lost the rates
@@ -27,7 +31,8 @@ ALGORITHM = {"overlap": "adaptive"}  # names that are an algorithm with settings
 FIXED = {"auto": ("auto.averaging_cost=1000", "auto.probe_every=4"),
          # Adaptive SGD with each merge landing a window later: its checkpoints and its end
          # land the merge in flight first (Algorithm.settle).
-         "overlap": ("merge.overlap=true",)}
+         "overlap": ("merge.overlap=true", *SAMPLED),
+         "sma_sampled": SAMPLED}
 
 
 def interrupted(run, n, sets, fail_at) -> None:

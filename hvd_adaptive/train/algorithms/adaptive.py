@@ -46,7 +46,8 @@ class Adaptive(Algorithm):
         # merge.overlap: a window's merge runs while the next one trains; the merged model,
         # the same on every rank, is kept in a copy that evaluations read.
         self.overlap = self.cfg.merge.overlap
-        self.central = (SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model)
+        self.central = (SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model,
+                                  label_freq=ctx.train.label_frequencies())
                         if self.overlap else None)
         # Normalized model merging, row-normalized for the row-sparse layers (adaptive.row_norm)
         # and the full softmax's labels (adaptive.label_norm),

@@ -72,7 +72,9 @@ class SMA(_Averaging):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.central = SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model)
+        # The label frequencies: the sampled loss's sampler is built with the model.
+        self.central = SparseMLP(self.model.n_features, self.model.n_labels, self.cfg.model,
+                                 label_freq=ctx.train.label_frequencies())
         self.z = self.central.variables_list
         self.prev = [tf.Variable(tf.zeros_like(v), trainable=False) for v in self.variables]
         alpha, mu = self.cfg.sma.alpha, self.cfg.sma.momentum
