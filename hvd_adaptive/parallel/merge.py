@@ -259,37 +259,44 @@ class Merge:
             (self._merge_first if k == 0 else self._merge_rows)(*args)
 
     def start(self, weight: float, gathered: Optional[Sequence[np.ndarray]] = None) -> None:
-        """merge.overlap: takes this window's values and what this rank sends now, and sums
-        them over ranks in a background thread while training goes on; `finish` lands the
-        result. Arguments as for a merge (`__call__`)."""
-        import threading
-
+        """merge.overlap: takes this window's values and what this rank sends, now (arguments as
+        for a merge, `__call__`); `send` starts summing them over ranks in a background thread,
+        `finish` lands the result."""
         if self._pending is not None:
             raise RuntimeError("merge.start: the previous merge has not landed (finish)")
         pending = _Pending()
+        n = len(self.model.touched)
         for k, args in enumerate(self._piece_inputs(weight, gathered)):
             take, land = self._overlap_first if k == 0 else self._overlap_rows
             sent, taken = take(*args)
-            n = len(self.model.touched)
             pending.pieces.append((args[:n], sent, taken, land))
-        pending.thread = threading.Thread(target=pending.reduce, name="hvd-adaptive-merge",
-                                          daemon=True)
-        pending.thread.start()
         self._pending = pending
 
+    def send(self) -> None:
+        """Starts the sums of the merge `start` took in a background thread, if not yet: the
+        training that follows runs beside them. Adaptive SGD sends as the next window begins,
+        so the sums travel beside its steps only, not beside an evaluation off the clock."""
+        if self._pending is not None and self._pending.thread is None:
+            import threading
+
+            self._pending.thread = threading.Thread(target=self._pending.reduce,
+                                                    name="hvd-adaptive-merge", daemon=True)
+            self._pending.thread.start()
+
     def finish(self, exact: bool = False) -> float:
-        """Lands the merge in flight (merge.overlap), waiting for its sums: each variable becomes
-        the merged value plus its change since `start`, keeping this rank's steps since then on
-        top of the merged model; `exact` (no step since `start`) writes the merged
-        values themselves, so the replicas are identical again. The central copy takes the
-        merged model. Returns the seconds spent waiting for the sums (0 without a merge in
-        flight)."""
+        """Lands the merge in flight (merge.overlap), sending it first if `send` has not and
+        waiting for its sums: each variable becomes the merged value plus its change since
+        `start`, keeping this rank's steps since then on top of the merged model; `exact` (no
+        step since `start`) writes the merged values themselves, so the replicas are identical
+        again. The central copy takes the merged model. Returns the seconds spent waiting for
+        the sums (0 without a merge in flight)."""
         import time
 
-        pending, self._pending = self._pending, None
-        if pending is None:
+        if self._pending is None:
             return 0.0
         t0 = time.perf_counter()
+        self.send()
+        pending, self._pending = self._pending, None
         pending.thread.join()
         waited = time.perf_counter() - t0
         if pending.error is not None:
@@ -302,6 +309,11 @@ class Merge:
     def in_flight(self) -> bool:
         """Whether a merge has started and not landed (merge.overlap)."""
         return self._pending is not None
+
+    @property
+    def sent(self) -> bool:
+        """Whether the merge in flight is summing over ranks already (`send`)."""
+        return self._pending is not None and self._pending.thread is not None
 
     def _piece_inputs(self, weight: float, gathered: Optional[Sequence[np.ndarray]]) -> list:
         """The union of the ranks' touched rows, cut into the pieces that travel (one

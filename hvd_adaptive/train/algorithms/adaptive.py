@@ -111,6 +111,10 @@ class Adaptive(Algorithm):
         if self.counter is not None:
             self.counter.prepare(w.index)
         stats = RoundStats(epoch=w.progress, batch_size=b, lr=float(self.opt.lr))
+        if self.overlap:
+            # The last window's merge travels beside this window's steps (merge.overlap).
+            with stats.timed("comm_s"):
+                self.merge.send()
         for rows in self._claims(w, b):
             self.local_step(rows, stats)
 
@@ -128,7 +132,7 @@ class Adaptive(Algorithm):
             # Normalized model merging (weighted allreduce over Horovod); weights sum to 1.
             if self.overlap:
                 # The last window's merge lands under this window's steps, and this window's
-                # starts; training goes on while it travels.
+                # values are taken; they travel while the next window trains.
                 stats.extra["merge_wait_s"] = round(self.merge.finish(), 4)
                 self.merge.start(float(self.weights[r]), gathered=[g[3] for g in got])
             else:

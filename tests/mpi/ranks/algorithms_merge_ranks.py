@@ -160,7 +160,10 @@ def check_overlap(mode: str, c) -> None:
     windows = 0
     while algo.run_round() is not None:
         windows += 1
-        assert algo.merge.in_flight, f"{mode}: window {windows} left no merge in flight"
+        # Taken, not yet summing: the sums travel beside the next window's steps, not beside
+        # what happens between rounds (an evaluation, off the clock).
+        assert algo.merge.in_flight and not algo.merge.sent, \
+            f"{mode}: window {windows} left no merge in flight, or sent it already"
     assert algo.settle() and not algo.merge.in_flight
     after = [v.numpy() for v in tracked]
     for other in c.comm.allgather(after)[1:]:  # settled: replicas identical again
