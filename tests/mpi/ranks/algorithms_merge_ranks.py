@@ -79,6 +79,13 @@ def merged(before, w, touched, items, expect_norm, kinds: set) -> list:
     return want
 
 
+def held(c, tracked, model, weight) -> tuple:
+    """What every rank holds as a merge starts, gathered on every rank: its tracked values,
+    its merge weight and its touched-row masks."""
+    return (c.comm.allgather([v.numpy().copy() for v in tracked]),
+            np.array(c.comm.allgather(weight)), c.comm.allgather(model.touched.numpy()))
+
+
 def config(mode: str):
     cfg, _ = load_config("configs/tiny.yaml", [
         "train.algorithm=adaptive", "train.epochs=1", "train.window_samples=512",
@@ -140,9 +147,7 @@ def check_overlap(mode: str, c) -> None:
             self.inner = inner
 
         def start(self, weight, gathered=None):
-            seen["sent"] = c.comm.allgather([v.numpy().copy() for v in tracked])
-            seen["weights"] = np.array(c.comm.allgather(weight))
-            seen["touched"] = c.comm.allgather(model.touched.numpy())
+            seen["sent"], seen["weights"], seen["touched"] = held(c, tracked, model, weight)
             self.inner.start(weight, gathered=gathered)
 
         def finish(self, exact=False):
@@ -211,9 +216,7 @@ def check(mode: str, c) -> None:
             self.inner = inner
 
         def __call__(self, weight, gathered=None):
-            seen["before"] = c.comm.allgather([v.numpy().copy() for v in tracked])
-            seen["weights"] = np.array(c.comm.allgather(weight))
-            seen["touched"] = c.comm.allgather(model.touched.numpy())
+            seen["before"], seen["weights"], seen["touched"] = held(c, tracked, model, weight)
             # Both ways to the union of touched rows, window about: the masks adaptive SGD
             # gathered with its timings, and the merge's own bitwise-or allreduce.
             assert gathered is not None, "adaptive SGD gathers the masks with its timings"
