@@ -210,12 +210,23 @@ class Merge:
         masks = sorted({rm.mask for _, _, rm, norm, _ in items if norm})
         shares = {m: len(items) + i for i, m in enumerate(masks)}
 
-        @tf.function(autograph=False, reduce_retracing=True)
-        def land(rows, summed, taken, exact):
-            self._land(items, rows, summed, shares, {},
-                       None if exact else dict(zip([j for j, *_ in items], taken)))
+        def spec(v, part: bool, dtype):
+            return tf.TensorSpec([None, *v.shape[1:]] if part else v.shape, dtype)
 
-        return take, land
+        # Full signatures, so the row counts of a window never trace them again on the clock.
+        signature = (tuple(tf.TensorSpec([None], tf.int64) for _ in range(n)),
+                     [spec(v, part, self.wire) for _, v, _, _, part in items]
+                     + [tf.TensorSpec([None], self.wire)] * len(masks),
+                     [spec(v, part, tf.float32) for _, v, _, _, part in items])
+
+        def landing(exact: bool):
+            @tf.function(input_signature=signature, autograph=False)
+            def land(rows, summed, taken):
+                self._land(items, rows, summed, shares, {},
+                           None if exact else dict(zip([j for j, *_ in items], taken)))
+            return land
+
+        return take, (landing(exact=False), landing(exact=True))
 
     def warm_up(self, weight: float) -> None:
         """A merge of every row, for replicas that are equal (right after the broadcast): it
@@ -228,6 +239,17 @@ class Merge:
         for m in self.model.touched.masks:
             m.assign(tf.ones_like(m))
         self(weight)
+        self.model.touched.clear()
+
+    def warm_up_overlap(self, weight: float) -> None:
+        """merge.overlap: the overlapped merge of every row, landed both ways, for replicas
+        that are equal: it leaves them as they are and traces its functions before the clock
+        starts, as `warm_up` does for the plain merge."""
+        for exact in (False, True):
+            for m in self.model.touched.masks:
+                m.assign(tf.ones_like(m))
+            self.start(weight)
+            self.finish(exact=exact)
         self.model.touched.clear()
 
     def reset_anchor(self) -> None:
@@ -302,7 +324,7 @@ class Merge:
         if pending.error is not None:
             raise RuntimeError("the overlapped merge failed in its thread") from pending.error
         for (rows, _, taken, land), summed in zip(pending.pieces, pending.summed):
-            land(rows, summed, taken, exact)
+            land[exact](tuple(rows), list(summed), list(taken))
         return waited
 
     @property

@@ -70,6 +70,8 @@ class Adaptive(Algorithm):
         # Replicas are equal now: a merge of every row changes nothing and pays the first use
         # of the merge's buffers before the clock starts.
         self.merge.warm_up(1.0 / self.cluster.size)
+        if self.overlap:
+            self.merge.warm_up_overlap(1.0 / self.cluster.size)
         self._copy_central()
         if self.adaptive_cfg.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):

@@ -120,6 +120,22 @@ def check_overlap(mode: str, c) -> None:
     tracked = [v for v, _, _ in items]
     n_model = len(model.variables_list)
     assert algo.eval_model() is algo.central and algo.central is not model
+
+    merge = algo.merge
+
+    def traces() -> list:
+        """How often each of the overlapped merge's functions (take, land, land exactly; for
+        the first piece and for later ones) was traced so far."""
+        halves = [h for h in (merge._overlap_first, merge._overlap_rows) if h is not None]
+        return [f.experimental_get_tracing_count() for take, lands in halves for f in (take, *lands)]
+
+    # setup's warm-up traced the first piece's functions before the clock and left the
+    # replicas equal
+    warm = traces()
+    assert warm[:3] == [1, 1, 1], warm
+    for v, others in zip(tracked, zip(*c.comm.allgather([v.numpy() for v in tracked]))):
+        for x in others[1:]:
+            np.testing.assert_array_equal(x, others[0], err_msg=f"{mode}: {v.name} after setup")
     expect_norm = expected_norm(cfg, algo)
     seen = {"landed": 0, "moved": 0}
     kinds: set = set()
@@ -176,6 +192,7 @@ def check_overlap(mode: str, c) -> None:
             np.testing.assert_array_equal(a, b)
     for x, v in zip(algo.central.variables_list, model.variables_list):
         np.testing.assert_array_equal(x.numpy(), v.numpy())
+    assert traces() == warm, f"{mode}: traced again while training: {warm} -> {traces()}"
     moved = c.comm.allreduce(seen["moved"])
     if c.is_root:
         # Every landing but the settling one came after a window's steps, which moved the replicas.
