@@ -47,6 +47,12 @@ from hvd_adaptive.config import MergeConfig
 from hvd_adaptive.model.network import RowMask, SparseMLP
 
 
+def _normalized_masks(items) -> list:
+    """The masks whose rows some of a piece's items normalize, in the order their row shares
+    follow the items among the values a rank sends."""
+    return sorted({rm.mask for _, _, rm, norm, _ in items if norm})
+
+
 def _along(x, rm: RowMask, ndim: int):
     """A per-row vector shaped to broadcast along the mask's axis of a variable."""
     shape = [1] * ndim
@@ -144,7 +150,7 @@ class Merge:
                 x = x - base[j]
             scale = _along(weight * mine[rm.mask], rm, len(v.shape)) if norm else weight
             sent.append(tf.cast(x * scale, self.wire))
-        for m in sorted({rm.mask for _, _, rm, norm, _ in items if norm}):
+        for m in _normalized_masks(items):
             shares[m] = len(sent)
             sent.append(tf.cast(weight * mine[m], self.wire))
         return sent, shares, base, taken
@@ -197,7 +203,7 @@ class Merge:
 
     def _build_overlap(self, with_whole: bool):
         """The overlapped merge's two halves as tf.functions: `take` (this rank's values and
-        what it sends) and `land` (the sum written back, after more steps or exactly)."""
+        what it sends) and `land` (the sum written back under the steps taken since)."""
         items, n = self._covered(with_whole), len(self.model.touched)
 
         @tf.function(input_signature=self._signature(), autograph=False)
@@ -206,27 +212,22 @@ class Merge:
             sent, _, _, taken = self._send(items, rows, mine, weight)
             return sent, [taken[j] for j, *_ in items]
 
-        # Where each normalized mask's row shares sit among the sent values (`_send`'s order).
-        masks = sorted({rm.mask for _, _, rm, norm, _ in items if norm})
-        shares = {m: len(items) + i for i, m in enumerate(masks)}
+        masks = _normalized_masks(items)
+        shares = {m: len(items) + i for i, m in enumerate(masks)}  # `_send`'s order
 
         def spec(v, part: bool, dtype):
             return tf.TensorSpec([None, *v.shape[1:]] if part else v.shape, dtype)
 
-        # Full signatures, so the row counts of a window never trace them again on the clock.
-        signature = (tuple(tf.TensorSpec([None], tf.int64) for _ in range(n)),
-                     [spec(v, part, self.wire) for _, v, _, _, part in items]
-                     + [tf.TensorSpec([None], self.wire)] * len(masks),
-                     [spec(v, part, tf.float32) for _, v, _, _, part in items])
+        # A full signature, so the row counts of a window never trace it again on the clock.
+        @tf.function(input_signature=(
+            tuple(tf.TensorSpec([None], tf.int64) for _ in range(n)),
+            [spec(v, part, self.wire) for _, v, _, _, part in items]
+            + [tf.TensorSpec([None], self.wire)] * len(masks),
+            [spec(v, part, tf.float32) for _, v, _, _, part in items]), autograph=False)
+        def land(rows, summed, taken):
+            self._land(items, rows, summed, shares, {}, dict(zip([j for j, *_ in items], taken)))
 
-        def landing(exact: bool):
-            @tf.function(input_signature=signature, autograph=False)
-            def land(rows, summed, taken):
-                self._land(items, rows, summed, shares, {},
-                           None if exact else dict(zip([j for j, *_ in items], taken)))
-            return land
-
-        return take, (landing(exact=False), landing(exact=True))
+        return take, land
 
     def warm_up(self, weight: float) -> None:
         """A merge of every row, for replicas that are equal (right after the broadcast): it
@@ -234,22 +235,16 @@ class Merge:
         pays the first use of the merge's largest buffers, TensorFlow's, Horovod's and the
         memory pages behind them, before the clock starts. A warm-up of the union alone (empty
         then) left that to the first window's merge, which took far longer than the later ones
-        at 8 ranks and 67,009 labels (docs/benchmark.md, "Where the defaults come from"). Every
-        mask is marked for it and cleared after it."""
-        for m in self.model.touched.masks:
-            m.assign(tf.ones_like(m))
-        self(weight)
-        self.model.touched.clear()
-
-    def warm_up_overlap(self, weight: float) -> None:
-        """merge.overlap: the overlapped merge of every row, landed both ways, for replicas
-        that are equal: it leaves them as they are and traces its functions before the clock
-        starts, as `warm_up` does for the plain merge."""
-        for exact in (False, True):
+        at 8 ranks and 67,009 labels (docs/benchmark.md, "Where the defaults come from"). Under
+        merge.overlap the overlapped merge runs once more the same way, tracing its functions
+        before the clock too. Every mask is marked for it and cleared after it."""
+        merges = [lambda: self(weight)]
+        if self.cfg.overlap:
+            merges.append(lambda: (self.start(weight), self.finish()))
+        for merge in merges:
             for m in self.model.touched.masks:
                 m.assign(tf.ones_like(m))
-            self.start(weight)
-            self.finish(exact=exact)
+            merge()
         self.model.touched.clear()
 
     def reset_anchor(self) -> None:
@@ -305,13 +300,13 @@ class Merge:
                                                     name="hvd-adaptive-merge", daemon=True)
             self._pending.thread.start()
 
-    def finish(self, exact: bool = False) -> float:
+    def finish(self) -> float:
         """Lands the merge in flight (merge.overlap), sending it first if `send` has not and
         waiting for its sums: each variable becomes the merged value plus its change since
-        `start`, keeping this rank's steps since then on top of the merged model; `exact` (no
-        step since `start`) writes the merged values themselves, so the replicas are identical
-        again. The central copy takes the merged model. Returns the seconds spent waiting for
-        the sums (0 without a merge in flight)."""
+        `start`, keeping this rank's steps since then on top of the merged model. Rows without
+        a step since become the merged value bit for bit, so with no step since `start` the
+        replicas are identical again. The central copy takes the merged model. Returns the
+        seconds spent waiting for the sums (0 without a merge in flight)."""
         import time
 
         if self._pending is None:
@@ -324,7 +319,7 @@ class Merge:
         if pending.error is not None:
             raise RuntimeError("the overlapped merge failed in its thread") from pending.error
         for (rows, _, taken, land), summed in zip(pending.pieces, pending.summed):
-            land[exact](tuple(rows), list(summed), list(taken))
+            land(tuple(rows), list(summed), list(taken))
         return waited
 
     @property

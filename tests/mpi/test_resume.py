@@ -31,7 +31,8 @@ SAMPLED = ("model.output=sampled", "model.sampler=frequency", "model.negatives=8
 FIXED = {"auto": ("auto.averaging_cost=1000", "auto.probe_every=4"),
          # Adaptive SGD with each merge landing a window later: its checkpoints and its end
          # land the merge in flight first (Algorithm.settle).
-         "overlap": ("merge.overlap=true", *SAMPLED),
+         # Evaluations every quarter epoch: the first one after resuming reads the merged copy.
+         "overlap": ("merge.overlap=true", *SAMPLED, "train.eval_every=0.25"),
          "sma_sampled": SAMPLED}
 
 
@@ -120,6 +121,11 @@ def test_every_algorithm_resumes_where_it_stopped_and_learns(resumed, name):
         evals = records(run, "eval")
         assert [e["epoch"] for e in evals[-2:]] == [4.0, 4.0], evals
         assert evals[-1]["p_at_1"] == s["final"]["p_at_1"]
+        # The merged copy came back with the checkpoint: the first evaluation after resuming
+        # is no worse than the last one before it (a fresh copy scored near the baseline).
+        before = [e for e in evals if e["epoch"] <= 2.0][-1]
+        after = next(e for e in evals if e["epoch"] > 2.0)
+        assert after["p_at_1"] >= before["p_at_1"] - 0.05, (before, after)
     if name == "auto":
         probe_every = json.loads((run / "config.json").read_text())["auto"]["probe_every"]
         rates, last, want = {m: None for m in MODES}, {}, []

@@ -70,8 +70,6 @@ class Adaptive(Algorithm):
         # Replicas are equal now: a merge of every row changes nothing and pays the first use
         # of the merge's buffers before the clock starts.
         self.merge.warm_up(1.0 / self.cluster.size)
-        if self.overlap:
-            self.merge.warm_up_overlap(1.0 / self.cluster.size)
         self._copy_central()
         if self.adaptive_cfg.merge_momentum > 0:
             for x, v in zip(self.anchor, self.variables):
@@ -154,7 +152,7 @@ class Adaptive(Algorithm):
         merged model again. True if one was in flight."""
         if not self.merge.in_flight:
             return False
-        self.merge.finish(exact=True)
+        self.merge.finish()  # no step since it started: the merged model itself
         return True
 
     def eval_model(self) -> SparseMLP:
