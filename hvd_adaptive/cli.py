@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     def run_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("run_dir", metavar="RUN_DIR", help="a training run's folder")
         q.add_argument("--checkpoint", metavar="best|last|ckpt-N",
-                       help="which model: best (the best validation P@1, kept with "
+                       help="which model: best (the best validation score, kept with "
                             "data.validation), last (the newest checkpoint) or a folder name; "
                             "default: best if the run kept one, else last; must verify")
         q.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)

@@ -96,7 +96,8 @@ class DataConfig:
     """Rows carved from the training set (never the test file) on which the run measures
     itself: a fraction below 1, or a count from 1 up; 0: none, every training row trains.
     With a split, each evaluation also reports the validation P@k (val_p_at_k), the run keeps
-    the model of the best validation P@1 (checkpoint.best) and can stop early (train.patience)."""
+    the model of the best validation score, the mean of P@1, P@3 and P@5 (checkpoint.best),
+    and can stop early (train.patience)."""
     validation_seed: int = 0
     """Seed of the rows the validation split takes (fixed apart from train.seed, so runs of
     several seeds train on the same rows)."""
@@ -278,7 +279,7 @@ class TrainConfig:
     """Stop at the first evaluation whose test P@1 reaches this (time-to-accuracy runs)."""
     patience: Optional[int] = None
     """Early stop: end training after this many evaluations in a row without a higher
-    validation P@1 than the best so far (needs data.validation); None: train to the end."""
+    validation score than the best so far (needs data.validation); None: train to the end."""
     threads: Optional[int] = None
     """TensorFlow threads per rank; default: the node's cores divided by the ranks on it."""
     log_every_s: float = 10.0
@@ -639,7 +640,7 @@ class CheckpointConfig:
     """Half-life in epochs of a running average of the evaluated model's weights (from the
     first evaluation on, sampled at every evaluation and at least every half-life between
     them, off the training clock), which competes with the model itself for the kept best:
-    where its validation P@1 is higher, the average is what `checkpoints/best/` holds and the
+    where its validation score is higher, the average is what `checkpoints/best/` holds and the
     run's `kept` reports. With a validation split only; one more copy of the weights in host
     memory. 0: off. At 0.5, evaluated every half epoch, the average's test P@1 was 0.2-1.0
     points above the model's (docs/accuracy.md, "The average of the weights")."""

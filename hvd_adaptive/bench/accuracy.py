@@ -3,7 +3,8 @@
     python -m hvd_adaptive.bench.accuracy --config configs/default.yaml --name default \
         --seeds 3 --ranks 2 --out runs/accuracy [--set KEY=VALUE ...]
 
-For each seed r (train.seed, model.init_seed and the tree's seed r + 1), one `hvd-adaptive train`
+For each seed r (0, 1, ... or from --first-seed; train.seed, model.init_seed and the tree's
+seed r + 1), one `hvd-adaptive train`
 run on `--ranks` ranks (bench.run_one: no checkpoint is written, `kept` is read from the
 evaluations) with a validation split (data.validation, default 0.05 here) and an
 evaluation every `--eval-every` epochs, then `hvd-adaptive trees` on the same training rows.
@@ -92,7 +93,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--name", required=True, help="the workload's name (run folders, the table)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="the first seed r (the seeds are r, r + 1, ...; default 0)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--epochs", type=float, help="train.epochs (default: the config's)")
     p.add_argument("--eval-every", type=float, default=0.5)
@@ -104,7 +107,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"accuracy: {args.name} ({args.config} {' '.join(args.set)}), {args.seeds} seed(s), "
           f"{args.ranks} ranks", flush=True)
     print(f"{'seed':>6} {'kept_model':>10} " + " ".join(f"{c:>16}" for c in COLUMNS), flush=True)
-    rows = [run_seed(args, r, lambda s: print(s, flush=True)) for r in range(args.seeds)]
+    rows = [run_seed(args, r, lambda s: print(s, flush=True))
+            for r in range(args.first_seed, args.first_seed + args.seeds)]
     med = median_row(rows)
     print(line(med), flush=True)
     print(f"accuracy: {args.name} done in {time.time() - t0:.0f} s", flush=True)

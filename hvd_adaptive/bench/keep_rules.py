@@ -1,7 +1,9 @@
 """Which validation figure picks the kept model best, read from finished runs: for each rule,
 how far the test P@1 of the evaluation it picks lies below the run's best test P@1.
 
-The evidence behind keeping the model of the best validation P@1 (docs/accuracy.md). Every
+The evidence behind keeping the model of the best validation score, the mean of P@1, P@3 and
+P@5 (trainer.val_score; docs/accuracy.md). It compares the trained model's evaluations only
+(the average's test metrics are recorded only where it is kept). Every
 evaluation record of a run with a validation split holds val_p_at_1, val_p_at_3 and
 val_p_at_5, so the rules are compared on the same runs without training again. One more rule
 keeps the latest evaluation whose validation P@1 is within one standard error of the best so

@@ -1,7 +1,7 @@
 """Checkpoints of a run: atomic folders under `<run_dir>/checkpoints/`, resume from the newest.
 
 With a validation split, `checkpoints/best/ckpt-<round>/` holds the model of the best
-validation P@1 so far, in the same layout, its arrays only (Checkpointer.save_best).
+validation score so far (trainer.val_score), in the same layout, its arrays only (Checkpointer.save_best).
 
 Layout of one checkpoint, `ckpt-<round>/` (round = merge windows done):
   state.json, <key>.npy      state that is identical on every rank (written by rank 0)
@@ -61,7 +61,7 @@ def indexed_keys(state: dict, prefix: str) -> list[str]:
     """The keys "<prefix><i>" of `state`, in the order of i."""
     keys = [k for k in state if k.startswith(prefix) and k[len(prefix):].isdigit()]
     return sorted(keys, key=lambda k: int(k[len(prefix):]))
-BEST = "best"  # checkpoints/best/: the model of the best validation P@1 (Checkpointer.save_best)
+BEST = "best"  # checkpoints/best/: the model of the best validation score (Checkpointer.save_best)
 
 
 class CheckpointError(ValueError):
@@ -453,29 +453,32 @@ class Checkpointer:
         return path
 
     # ---- the best model: its arrays only, in checkpoints/best/ckpt-<round> ----------------------
-    def save_best(self, weights, rounds_done: int, record: dict, algorithm: str,
+    def save_best(self, weights, rounds_done: int, record: dict, algorithm: str, val_score: float,
                   model: str = "trained") -> Path:
         """Keeps `weights` (the evaluated model's variables, or checkpoint.average's arrays in
         their order; equal on every rank) as the run's best, replacing the previous best once
         the new one is complete (collective; rank 0 writes).
 
         The folder holds the arrays as "model.<i>" (what runmodel.open_run reads) and the
-        evaluation that chose them under "best.*" ("best.model": trained or average)."""
+        evaluation that chose them under "best.*" ("best.model": trained or average;
+        "best.val_score": the validation score it was kept by, trainer.val_score)."""
         state = {}
         if self.comm.Get_rank() == 0:
             state = indexed(MODEL, [np.asarray(w) for w in weights])
             state.update({"best.of": algorithm, "best.model": model, "best.round": rounds_done,
                           "best.epoch": record["epoch"], "best.val_p_at_1": record["val_p_at_1"],
+                          "best.val_score": val_score,
                           "best.p_at_1": record["p_at_1"]})
         return save(self.best_dir, rounds_done, state, self.comm, keep=1)
 
     def best_value(self) -> float:
-        """The validation P@1 of the kept best model (-1 when there is none); rank 0 reads."""
+        """The validation score of the kept best model (-1 when there is none, or where it was
+        kept by another figure); rank 0 reads."""
         value = -1.0
         if self.comm.Get_rank() == 0:
             path = newest(self.best_dir)
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                value = float(json.loads((path / "state.json").read_text())["best.val_p_at_1"])
+                value = float(json.loads((path / "state.json").read_text())["best.val_score"])
         return self.comm.bcast(value, root=0)
 
     # ---- training checkpoints: an algorithm plus the loop's position -------------------------

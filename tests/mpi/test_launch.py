@@ -32,7 +32,7 @@ def test_train_sh_two_ranks_under_horovodrun(tmp_path):
     # The default holds out 5% of the training rows and says which evaluation it would keep
     # (keep 0 writes nothing): at the one evaluation the weights' average is the model itself,
     # and the model wins the tie.
-    assert progress[-1].startswith("best model: the model at epoch 0.50, validation P@1 "), p.stdout[-3000:]
+    assert progress[-1].startswith("best model: the model at epoch 0.50, validation score "), p.stdout[-3000:]
     assert progress[-1].endswith("(not written)") and abs(summary["kept"]["epoch"] - 0.5) < 0.01
     assert "[1,0]<stdout>:" not in p.stdout, p.stdout[-3000:]
     # Quiet unless --verbose: neither the ranks nor horovodrun (which imports TensorFlow to

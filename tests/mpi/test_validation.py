@@ -12,6 +12,7 @@ import pytest
 
 from hvd_adaptive.data import preset, synth_to_files
 from hvd_adaptive.train import checkpoint as ck
+from hvd_adaptive.train.trainer import kept_score, val_score
 from tests.harness.mpirun import REPO, mpi_env, records, train, train_many
 from tests.harness.trained_run import TINY, cli
 
@@ -52,10 +53,10 @@ def runs(noisy_files, tmp_path_factory):
 def test_the_best_model_is_kept_and_read_by_default(runs, noisy_files, tmp_path):
     run_dir, summary = runs["keep"]
     evals = records(run_dir, "eval")
-    val = [e["val_p_at_1"] for e in evals]
+    val = [val_score(e) for e in evals]
     best = int(np.argmax(val))
     assert best < len(evals) - 1 and val[-1] < val[best], (
-        f"the run's validation P@1 must fall after its best for this test to mean anything: {val}")
+        f"the run's validation score must fall after its best for this test to mean anything: {val}")
     assert summary["kept"]["epoch"] == evals[best]["epoch"]
     kept = list((run_dir / "checkpoints" / "best").iterdir())
     assert [p.name for p in kept] == [f"ckpt-{4 * (best + 1)}"]  # 4 rounds an epoch
@@ -79,7 +80,7 @@ def test_the_weights_average_is_sampled_saved_and_kept_where_it_validates_better
     """The average in the run's last checkpoint is the running average (half-life 0.75 epochs)
     of the models its checkpoints hold at the rounds where it was sampled: each evaluation, and
     between them the first round 0.75 epochs or more after the last sample. The kept model
-    is the first best of the model and the average by validation P@1, and `evaluate` reads it."""
+    is the first best of the model and the average by validation score, and `evaluate` reads it."""
     run_dir, summary = runs["average"]
     rounds, evals = records(run_dir, "round"), records(run_dir, "eval")
     at_eval = {e["epoch"] for e in evals}
@@ -106,12 +107,12 @@ def test_the_weights_average_is_sampled_saved_and_kept_where_it_validates_better
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # epochs recorded to 4 places
         checked += 1
     assert checked >= len(samples) - 1
-    # Kept: the first evaluation of the highest of the two validation P@1s.
-    score = [max(e["val_p_at_1"], e["avg_val_p_at_1"]) for e in evals]
+    # Kept: the first evaluation of the highest of the two validation scores.
+    score = [max(val_score(e), val_score(e, "avg_val_")) for e in evals]
     best = evals[int(np.argmax(score))]
     kept = summary["kept"]
-    assert kept["epoch"] == best["epoch"] and kept["val_p_at_1"] == max(score)
-    model = "average" if best["avg_val_p_at_1"] > best["val_p_at_1"] else "trained"
+    assert kept["epoch"] == best["epoch"] and val_score(kept) == max(score)
+    model = "average" if val_score(best, "avg_val_") > val_score(best) else "trained"
     assert kept["model"] == model and (best.get("kept") == "average") == (model == "average")
     assert any(e.get("kept") == "average" for e in evals), (
         f"the average must win an evaluation for this test to mean anything: {evals}")
@@ -150,11 +151,11 @@ def test_a_resumed_run_goes_on_with_the_average_it_saved(runs, tmp_path):
 
 def test_the_early_stop_stops_after_its_patience(runs):
     run_dir, summary = runs["early"]
-    val = [e["val_p_at_1"] for e in records(run_dir, "eval")]
+    val = [val_score(e) for e in records(run_dir, "eval")]
     best = int(np.argmax(val))
     assert len(val) == best + 1 + 2, val  # two evaluations without gain, then no more
     assert summary["final"]["epoch"] < 12
-    assert summary["kept"]["val_p_at_1"] == max(val)
+    assert val_score(summary["kept"]) == max(val)
 
 
 def test_a_fresh_run_in_the_folder_drops_the_old_best(runs, tmp_path):
@@ -171,20 +172,23 @@ def test_a_fresh_run_in_the_folder_drops_the_old_best(runs, tmp_path):
 def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(noisy_files, tmp_path):
     train_txt, test_txt = noisy_files
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.accuracy", "--config", "configs/tiny.yaml",
-                        "--name", "t", "--seeds", "1", "--epochs", "4", "--eval-every", "1",
+                        "--name", "t", "--seeds", "1", "--first-seed", "1", "--epochs", "4", "--eval-every", "1",
                         "--validation", "0.1", "--set", f"data.train={train_txt}",
                         "--set", f"data.test={test_txt}", "--out", str(tmp_path)],
                        cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     (row,) = json.loads((tmp_path / "accuracy-t.json").read_text())["rows"]
-    evals = records(tmp_path / "t-r0", "eval")
-    best = max(evals, key=lambda e: max(e["val_p_at_1"], e["avg_val_p_at_1"]))  # the first
+    assert row["seed"] == 1  # --first-seed: seed 1's run (train.seed 1, model.init_seed 2)
+    config = json.loads((tmp_path / "t-r1" / "config.json").read_text())
+    assert (config["train"]["seed"], config["model"]["init_seed"]) == (1, 2)
+    evals = records(tmp_path / "t-r1", "eval")
+    best = max(evals, key=kept_score)  # the first
     kept = "average" if best.get("kept") == "average" else "trained"  # the model or its average
     assert row["kept_model"] == kept
     assert row["kept_p1"] == best["avg_p_at_1" if kept == "average" else "p_at_1"]
     assert row["best_p1"] == max(e["p_at_1"] for e in evals)
     assert row["gap_points"] == pytest.approx(100 * (row["best_p1"] - row["kept_p1"]), abs=0.01)
-    tree = json.loads((tmp_path / "t-r0" / "trees.json").read_text())
+    tree = json.loads((tmp_path / "t-r1" / "trees.json").read_text())
     assert row["tree_p1"] == tree["metrics"]["p_at_1"] and tree["train_rows"] == 1800
     reached = [e["wall_s"] for e in evals if e["p_at_1"] >= row["tree_p1"]]
     assert row["net_s_to_tree_p1"] == (reached[0] if reached else None)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.train.average import WeightAverage
-from hvd_adaptive.train.trainer import _kept, evals_since_best, kept_view
+from hvd_adaptive.train.trainer import _kept, evals_since_best, kept_view, val_score
 from tests.harness.mpirun import before_tf
 
 
@@ -34,9 +34,12 @@ def test_a_models_share_halves_every_half_life_whatever_the_spacing():
 
 
 def _eval(epoch, val, avg_val=None, kept=False, p1=0.5):
-    e = {"event": "eval", "epoch": epoch, "p_at_1": p1, "val_p_at_1": val}
+    """An evaluation record whose validation P@1, P@3 and P@5 are all `val` (the average's
+    all `avg_val`), so its validation score is `val`."""
+    e = {"event": "eval", "epoch": epoch, "p_at_1": p1,
+         **{f"val_p_at_{k}": val for k in (1, 3, 5)}}
     if avg_val is not None:
-        e["avg_val_p_at_1"] = avg_val
+        e.update({f"avg_val_p_at_{k}": avg_val for k in (1, 3, 5)})
     if kept:
         e.update(kept="average", avg_p_at_1=p1 + 0.1)
     return e
@@ -47,15 +50,31 @@ def test_the_kept_evaluation_is_the_first_best_of_the_model_and_its_average():
              _eval(4, 0.65, 0.72)]
     kept = _kept(evals)
     assert kept["epoch"] == 2 and kept["model"] == "average"
-    assert kept["val_p_at_1"] == 0.72 and kept["p_at_1"] == pytest.approx(0.6)
+    assert val_score(kept) == pytest.approx(0.72) and kept["p_at_1"] == pytest.approx(0.6)
     assert evals_since_best(evals) == 2
     evals.append(_eval(5, 0.73, 0.70))  # the model itself passes the average's best
     kept = _kept(evals)
     assert (kept["epoch"], kept["model"], kept["p_at_1"]) == (5, "trained", 0.5)
     assert "avg_val_p_at_1" not in kept and evals_since_best(evals) == 0
-    # Without the average, the model's validation P@1 alone.
+    # Without the average, the model's validation score alone.
     assert _kept([_eval(1, 0.6), _eval(2, 0.5)])["epoch"] == 1
     assert kept_view(_eval(1, 0.6, 0.7))["model"] == "trained"  # not kept there: the model's
+
+
+def test_the_kept_evaluation_is_chosen_by_the_mean_of_validation_p1_p3_and_p5():
+    # The first evaluation has the higher validation P@1, the second the higher mean of the
+    # three: the second is kept, for the model and for the average alike.
+    first = {"event": "eval", "epoch": 1, "p_at_1": 0.50, "val_p_at_1": 0.70,
+             "val_p_at_3": 0.40, "val_p_at_5": 0.30}
+    second = {"event": "eval", "epoch": 2, "p_at_1": 0.52, "val_p_at_1": 0.69,
+              "val_p_at_3": 0.45, "val_p_at_5": 0.33}
+    assert val_score(first) == pytest.approx(0.7 / 3 + 0.4 / 3 + 0.1)
+    assert _kept([first, second])["epoch"] == 2 and evals_since_best([first, second]) == 0
+    avg = {k.replace("val_", "avg_val_"): v for k, v in second.items() if k.startswith("val_")}
+    third = {**_eval(3, 0.40), **avg, "kept": "average", "avg_p_at_1": 0.55}
+    assert val_score(third, "avg_val_") == val_score(second)  # a tie: the first of equals
+    assert _kept([first, second, third])["epoch"] == 2
+    assert val_score({"event": "eval", "p_at_1": 0.5}) == -1.0  # no split: no score
 
 
 def test_a_negative_half_life_names_the_key(tmp_path):
