@@ -2,7 +2,7 @@
 how far the test P@1 of the evaluation it picks lies below the run's best test P@1.
 
 The evidence behind keeping the model of the best validation score, the mean of P@1, P@3 and
-P@5 (trainer.val_score; docs/accuracy.md). It compares the trained model's evaluations only
+P@5 (records.val_score; docs/accuracy.md). It compares the trained model's evaluations only
 (the average's test metrics are recorded only where it is kept). Every
 evaluation record of a run with a validation split holds val_p_at_1, val_p_at_3 and
 val_p_at_5, so the rules are compared on the same runs without training again. One more rule
@@ -23,14 +23,14 @@ from typing import Optional
 import numpy as np
 
 from hvd_adaptive.bench.output import align
-from hvd_adaptive.train.records import load_runs
+from hvd_adaptive.train.records import load_runs, val_score
 
 # name -> the validation figure a rule maximizes, from one evaluation record
 RULES = {
     "val P@1": lambda e: e["val_p_at_1"],
     "val P@5": lambda e: e["val_p_at_5"],
     "val P@1+P@5": lambda e: e["val_p_at_1"] + e["val_p_at_5"],
-    "val P@1+P@3+P@5": lambda e: e["val_p_at_1"] + e["val_p_at_3"] + e["val_p_at_5"],
+    "val P@1+P@3+P@5": val_score,  # their mean: the keep's own score
 }
 
 

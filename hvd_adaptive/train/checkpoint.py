@@ -1,7 +1,8 @@
 """Checkpoints of a run: atomic folders under `<run_dir>/checkpoints/`, resume from the newest.
 
 With a validation split, `checkpoints/best/ckpt-<round>/` holds the model of the best
-validation score so far (trainer.val_score), in the same layout, its arrays only (Checkpointer.save_best).
+validation score so far (records.val_score), in the same layout, its arrays only
+(Checkpointer.save_best).
 
 Layout of one checkpoint, `ckpt-<round>/` (round = merge windows done):
   state.json, <key>.npy      state that is identical on every rank (written by rank 0)
@@ -37,6 +38,7 @@ import numpy as np
 
 from hvd_adaptive.config import WINDOW_MIN_BATCHES, ConfigError
 from hvd_adaptive.train.periodic import itstime
+from hvd_adaptive.train.records import val_score
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -453,7 +455,7 @@ class Checkpointer:
         return path
 
     # ---- the best model: its arrays only, in checkpoints/best/ckpt-<round> ----------------------
-    def save_best(self, weights, rounds_done: int, record: dict, algorithm: str, val_score: float,
+    def save_best(self, weights, rounds_done: int, record: dict, algorithm: str,
                   model: str = "trained") -> Path:
         """Keeps `weights` (the evaluated model's variables, or checkpoint.average's arrays in
         their order; equal on every rank) as the run's best, replacing the previous best once
@@ -461,13 +463,14 @@ class Checkpointer:
 
         The folder holds the arrays as "model.<i>" (what runmodel.open_run reads) and the
         evaluation that chose them under "best.*" ("best.model": trained or average;
-        "best.val_score": the validation score it was kept by, trainer.val_score)."""
+        "best.val_score": the validation score it was kept by, records.val_score; `record` is
+        the evaluation as its kept model saw it, trainer.kept_view for the average)."""
         state = {}
         if self.comm.Get_rank() == 0:
             state = indexed(MODEL, [np.asarray(w) for w in weights])
             state.update({"best.of": algorithm, "best.model": model, "best.round": rounds_done,
                           "best.epoch": record["epoch"], "best.val_p_at_1": record["val_p_at_1"],
-                          "best.val_score": val_score,
+                          "best.val_score": val_score(record),
                           "best.p_at_1": record["p_at_1"]})
         return save(self.best_dir, rounds_done, state, self.comm, keep=1)
 

@@ -31,6 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+
+VAL_METRICS = ("p_at_1", "p_at_3", "p_at_5")  # recorded on the validation split as val_<name>
+
+
+def val_score(e: dict, prefix: str = "val_") -> float:
+    """The validation score the kept model is chosen by: the mean of the split's P@1, P@3 and
+    P@5 in the record `e` (`prefix` "avg_val_": checkpoint.average's), -1 where it has none.
+    Three figures count three times the hits of P@1 alone, so a split of a few hundred rows
+    picks among late evaluations with less noise (docs/accuracy.md, "What this shows")."""
+    if prefix + "p_at_1" not in e:
+        return -1.0
+    return sum(e[prefix + k] for k in VAL_METRICS) / len(VAL_METRICS)
+
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"

@@ -44,7 +44,7 @@ from hvd_adaptive.train.faults import Faults
 from hvd_adaptive.train.hetero import Heterogeneity, check_profile
 from hvd_adaptive.train.periodic import itstime
 from hvd_adaptive.train import records
-from hvd_adaptive.train.records import RunLog
+from hvd_adaptive.train.records import VAL_METRICS, RunLog, val_score
 
 
 def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = False) -> dict:
@@ -300,12 +300,13 @@ class Trainer:
         if self.val_ds is not None:
             v = self.evaluator_for(model)(self.val_ds, self.cluster, None)
             rec.update({f"val_{k}": round(v[k], 5) for k in VAL_METRICS})
-            said = f" | val P@1 {rec['val_p_at_1']:.4f} score {val_score(rec):.4f}"
-            if val_score(rec) > self.best_val:
-                self.best_val = val_score(rec)
+            score = val_score(rec)
+            said = f" | val P@1 {rec['val_p_at_1']:.4f} score {score:.4f}"
+            if score > self.best_val:
+                self.best_val = score
                 if self.keeps_best:
                     self.ckpt.save_best(model.variables_list, pos.rounds, rec,
-                                        self.cfg.train.algorithm, self.best_val)
+                                        self.cfg.train.algorithm)
                     said += " (best: kept)"
             if pos.average is not None:
                 said += self.evaluate_average(model, progress, rec)
@@ -355,16 +356,17 @@ class Trainer:
                 var.assign(a)
             v = ev(self.val_ds, self.cluster, None)
             rec.update({f"avg_val_{k}": round(v[k], 5) for k in VAL_METRICS})
-            said = f" | average's {val_score(rec, 'avg_val_'):.4f}"
-            if val_score(rec, "avg_val_") <= self.best_val:
+            score = val_score(rec, "avg_val_")
+            said = f" | average's {score:.4f}"
+            if score <= self.best_val:
                 return said
-            self.best_val = val_score(rec, "avg_val_")
+            self.best_val = score
             m = ev(self.test_ds, self.cluster, self.cfg.train.eval_rows)
         rec.update({f"avg_{k}": round(x, 5) for k, x in m.items()})
         rec["kept"] = "average"
         if self.keeps_best:
             self.ckpt.save_best(average, self.position.rounds, kept_view(rec),
-                                self.cfg.train.algorithm, self.best_val, model="average")
+                                self.cfg.train.algorithm, model="average")
             return said + f" (best: the average kept, test P@1 {m['p_at_1']:.4f})"
         return said + f" (best: the average, test P@1 {m['p_at_1']:.4f})"
 
@@ -427,19 +429,6 @@ class Trainer:
             "kept": _kept(pos.evals), "per_rank": per_rank,
             "algorithm_state": self.algo.state(),
         }
-
-
-VAL_METRICS = ("p_at_1", "p_at_3", "p_at_5")  # recorded on the validation split as val_<name>
-
-
-def val_score(e: dict, prefix: str = "val_") -> float:
-    """The validation score the kept model is chosen by: the mean of the split's P@1, P@3 and
-    P@5 (`prefix` "avg_val_": checkpoint.average's), -1 where the record has none. Three
-    figures count three times the hits of P@1 alone, so a split of a few hundred rows picks
-    among late evaluations with less noise (docs/accuracy.md, "What this shows")."""
-    if prefix + "p_at_1" not in e:
-        return -1.0
-    return sum(e[prefix + k] for k in VAL_METRICS) / len(VAL_METRICS)
 
 
 def kept_score(e: dict) -> float:
