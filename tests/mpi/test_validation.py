@@ -149,6 +149,34 @@ def test_a_resumed_run_goes_on_with_the_average_it_saved(runs, tmp_path):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_resumed_run_keeps_a_later_best_it_does_not_pass(runs, tmp_path):
+    """The "average" run cut back to its checkpoint after round 9 with its best model (kept at
+    its last evaluation, epoch 5) left in place, resumed to end at epoch 4: the evaluation there
+    passes every one the checkpoint holds but not the kept best, so the best stays (the resumed
+    run reads the kept score back, best.val_score)."""
+    run_dir, _ = runs["average"]
+    cut = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
+    for n in range(10, last + 1):
+        shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
+    best = ck.newest(cut / "checkpoints" / "best")
+    kept, _ = ck.load(best)
+    assert kept["best.epoch"] > 4, kept["best.epoch"]  # kept after the end of the resumed run
+    train(2, cut, "checkpoint.resume=auto", "train.epochs=4", config=str(cut / "config.json"))
+    rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
+    since = next(i for i, r in enumerate(rows) if r["event"] == "resume")
+    before = max(kept_score(e) for e in ck.load(cut / "checkpoints" / "ckpt-9")[0]["trainer.evals"])
+    scores = [kept_score(r) for r in rows[since:] if r["event"] == "eval"]
+    assert scores and before < max(scores) < kept["best.val_score"], (
+        f"the resumed run must pass its checkpoint's evaluations and stay below the kept best "
+        f"for this test to mean anything: {before}, {scores}, {kept['best.val_score']}")
+    (still,) = (cut / "checkpoints" / "best").iterdir()
+    assert still.name == best.name
+    state, _ = ck.load(still)
+    assert state["best.epoch"] == kept["best.epoch"] and state["best.val_score"] == kept["best.val_score"]
+
+
 def test_the_early_stop_stops_after_its_patience(runs):
     run_dir, summary = runs["early"]
     val = [val_score(e) for e in records(run_dir, "eval")]
