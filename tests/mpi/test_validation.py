@@ -151,16 +151,17 @@ def test_a_resumed_run_goes_on_with_the_average_it_saved(runs, tmp_path):
 
 def test_a_resumed_run_keeps_a_later_best_it_does_not_pass(runs, tmp_path):
     """The "average" run cut back to its checkpoint after round 9 with its best model (kept at
-    its last evaluation, epoch 5) left in place, resumed to end at epoch 4: the evaluation there
-    passes every one the checkpoint holds but not the kept best, so the best stays (the resumed
-    run reads the kept score back, best.val_score)."""
+    its last evaluation, epoch 5) left in place under an early round's name (ckpt-1, so that
+    the folders' numbering, which keeps the newest, cannot decide), resumed to end at epoch 4:
+    the evaluation there passes every one the checkpoint holds but not the kept best, so the
+    best stays (the resumed run reads the kept score back, best.val_score)."""
     run_dir, _ = runs["average"]
     cut = tmp_path / "cut"
     shutil.copytree(run_dir, cut)
     last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
     for n in range(10, last + 1):
         shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
-    best = ck.newest(cut / "checkpoints" / "best")
+    best = ck.newest(cut / "checkpoints" / "best").rename(cut / "checkpoints" / "best" / "ckpt-1")
     kept, _ = ck.load(best)
     assert kept["best.epoch"] > 4, kept["best.epoch"]  # kept after the end of the resumed run
     train(2, cut, "checkpoint.resume=auto", "train.epochs=4", config=str(cut / "config.json"))
