@@ -226,6 +226,8 @@ def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best(
              ev(0.51, 0.54, 0.34, 0.29)]
     assert gap(evals, RULES["val P@1"]) == pytest.approx(2.0)
     assert gap(evals, RULES["val P@5"]) == pytest.approx(0.0)
+    # the keep's own score (records.val_score, the mean of the three): 0.3, 0.367, 0.4, 0.39
+    assert gap(evals, RULES["val P@1+P@3+P@5"]) == pytest.approx(0.0)
     # neighbours of val P@1: 0.50, 0.517, 0.563, 0.545 -> the third
     assert gap(evals, RULES["val P@1"], smooth=True) == pytest.approx(0.0)
     lines = table([evals, evals], over=1.0).splitlines()
