@@ -128,15 +128,21 @@ def test_the_weights_average_is_sampled_saved_and_kept_where_it_validates_better
         assert got[k] == pytest.approx(kept[k], abs=1e-5), k
 
 
+def cut_back(run_dir, cut, round_: int):
+    """A copy of the run folder `run_dir` at `cut` without its checkpoints after round `round_`
+    (its best model and records left as they are); returns it and the last round it had."""
+    shutil.copytree(run_dir, cut)
+    last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
+    for n in range(round_ + 1, last + 1):
+        shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
+    return cut, last
+
+
 def test_a_resumed_run_goes_on_with_the_average_it_saved(runs, tmp_path):
     """The "average" run cut back to its checkpoint after round 9 (between its first evaluation
     and the next sample) and resumed ends with the average the uninterrupted run saved last."""
     run_dir, _ = runs["average"]
-    cut = tmp_path / "cut"
-    shutil.copytree(run_dir, cut)
-    last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
-    for n in range(10, last + 1):
-        shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
+    cut, last = cut_back(run_dir, tmp_path / "cut", 9)
     assert ck.load(cut / "checkpoints" / "ckpt-9")[0]["trainer.average_at"] == pytest.approx(2.0, abs=1e-3)
     train(2, cut, "checkpoint.resume=auto", config=str(cut / "config.json"))
     assert len(records(cut, "resume")) == 1
@@ -156,11 +162,7 @@ def test_a_resumed_run_keeps_a_later_best_it_does_not_pass(runs, tmp_path):
     the evaluation there passes every one the checkpoint holds but not the kept best, so the
     best stays (the resumed run reads the kept score back, best.val_score)."""
     run_dir, _ = runs["average"]
-    cut = tmp_path / "cut"
-    shutil.copytree(run_dir, cut)
-    last = max(int(p.name.split("-")[1]) for p in (cut / "checkpoints").glob("ckpt-*"))
-    for n in range(10, last + 1):
-        shutil.rmtree(cut / "checkpoints" / f"ckpt-{n}")
+    cut, _ = cut_back(run_dir, tmp_path / "cut", 9)
     best = ck.newest(cut / "checkpoints" / "best").rename(cut / "checkpoints" / "best" / "ckpt-1")
     kept, _ = ck.load(best)
     assert kept["best.epoch"] > 4, kept["best.epoch"]  # kept after the end of the resumed run
