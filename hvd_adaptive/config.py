@@ -131,6 +131,9 @@ class ModelConfig:
     """Hidden layer widths (ReLU); the papers use one layer of 128."""
     dropout: float = 0.0
     """Dropout rate on hidden activations during training."""
+    dropout_after: float = 0.0
+    """Epochs trained without dropout before `dropout` applies (0: from the first step). A later
+    start leaves the first part of the curve as it is without dropout and regularizes the rest."""
     label_smoothing: float = 0.0
     """Training target: (1 - this) x the row's labels (the multi-hot target normalized to sum 1)
     plus this spread evenly over every label (output: full). Off by default: on PyPI it did not
@@ -157,6 +160,8 @@ class ModelConfig:
             raise ConfigError(f"{path}.hidden: needs at least one positive width, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
+        if self.dropout_after < 0:
+            raise ConfigError(f"{path}.dropout_after: must be >= 0 epochs, got {self.dropout_after}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"{path}.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
         if self.label_smoothing > 0 and self.output == "sampled":

@@ -126,6 +126,11 @@ class SparseMLP(tf.Module):
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout
+        # The rate the traced steps read: `dropout` from the first step, or 0 until
+        # `dropout_on` sees model.dropout_after epochs trained. Not a model variable (no
+        # merge, broadcast or checkpoint carries it).
+        self.dropout_rate = tf.Variable(cfg.dropout if cfg.dropout_after <= 0 else 0.0,
+                                        trainable=False, name="dropout_rate")
         self.label_smoothing = cfg.label_smoothing
         self.cfg = cfg
         hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
@@ -198,8 +203,16 @@ class SparseMLP(tf.Module):
     def _act(self, h, training: bool):
         h = tf.nn.relu(h)
         if training and self.dropout > 0:
-            h = tf.nn.dropout(h, rate=self.dropout)
+            h = tf.nn.dropout(h, rate=self.dropout_rate)
         return h
+
+    def dropout_on(self, epochs: float) -> bool:
+        """Sets the dropout rate for training past `epochs` epochs (model.dropout_after);
+        True where this call switched it on."""
+        if self.dropout > 0 and epochs >= self.cfg.dropout_after and self.dropout_rate.numpy() == 0:
+            self.dropout_rate.assign(self.dropout)
+            return True
+        return False
 
     def logits(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """Logits over every label."""

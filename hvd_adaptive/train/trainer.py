@@ -220,6 +220,7 @@ class Trainer:
         budget or the target; a final evaluation and checkpoint if the last round had none."""
         cfg, pos, log = self.cfg.train, self.position, self.log
         t_loop, said_at = time.perf_counter(), -cfg.log_every_s  # the first round says where it is
+        self.dropout_on(pos.last_progress)  # a resumed run past model.dropout_after
         while True:
             self.faults.at_round(pos.rounds, self.algo)
             t0 = time.perf_counter()
@@ -239,6 +240,7 @@ class Trainer:
             elif pos.average is not None and pos.average.due(stats.epoch, self.halflife):
                 self.sample_average(stats.epoch)
             pos.last_progress = stats.epoch
+            self.dropout_on(stats.epoch)
             if self.ckpt.due(pos.rounds):
                 self.save()
             if out_of_time:
@@ -279,6 +281,12 @@ class Trainer:
                         ranks=[r.record(i) for i, r in enumerate(ranks)])
         pos.rounds += 1
         return ranks, loss
+
+    def dropout_on(self, epochs: float) -> None:
+        """model.dropout_after: dropout applies to the rounds after `epochs` epochs from there."""
+        if self.algo.model.dropout_on(epochs):
+            self.log.say(f"model.dropout {self.algo.model.dropout:g} from epoch {epochs:.2f} on "
+                         f"(model.dropout_after {self.algo.model.cfg.dropout_after:g})")
 
     def evaluate(self, progress: float) -> None:
         """Evaluates the algorithm's model on the test set (every rank), records and says it."""

@@ -58,6 +58,7 @@ def test_whether_a_run_sleeps_is_read_from_the_config(hetero, sleeps):
     ("optim:\n  lr: true\n", "optim.lr: expected a number"),
     ("model:\n  hidden: []\n", "model.hidden"),
     ("model:\n  label_smoothing: 1.0\n", "model.label_smoothing: must be in [0, 1)"),
+    ("model:\n  dropout_after: -1\n", "model.dropout_after: must be >= 0 epochs"),
     ("model:\n  label_smoothing: 0.1\n  output: sampled\n", "model.label_smoothing: spreads the target"),
     ("hetero:\n  slowdown: {1: 0.5}\n", "hetero.slowdown"),
     ("sync:\n  step: split\n", "sync.step"),

@@ -54,6 +54,21 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     assert float(m.loss_and_top(*batch_tensors(b), *tune.EVERY_LABEL)[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
 
 
+def test_dropout_applies_in_training_from_model_dropout_after_on():
+    b = tiny_batch()
+    late = SparseMLP(6, 4, ModelConfig(hidden=[64], init_seed=3, dropout=0.5, dropout_after=2))
+    plain = numpy_loss(late, b)
+    assert float(late.loss(*batch_tensors(b))) == pytest.approx(plain, rel=1e-5)  # not yet
+    assert not late.dropout_on(1.5)
+    assert float(late.loss(*batch_tensors(b))) == pytest.approx(plain, rel=1e-5)
+    assert late.dropout_on(2.0) and not late.dropout_on(3.0)  # switched once
+    assert float(late.loss(*batch_tensors(b))) != pytest.approx(plain, rel=1e-3)
+    assert float(late.loss(*batch_tensors(b), training=False)) == pytest.approx(plain, rel=1e-5)
+    first = SparseMLP(6, 4, ModelConfig(hidden=[64], init_seed=3, dropout=0.5))
+    assert float(first.loss(*batch_tensors(b))) != pytest.approx(plain, rel=1e-3)  # from the start
+    assert not first.dropout_on(0.0)
+
+
 @pytest.mark.parametrize("output", ["full", "sampled"])
 def test_the_judge_scores_every_label_or_the_labels_given_with_their_corrections(output):
     """optim.lr auto's judge (`loss_and_top`): over every label, the loss and top labels of the
