@@ -10,15 +10,18 @@ AFTER = 1.0  # epochs without dropout
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The same sync run without dropout and with dropout 0.5 from epoch AFTER, one 2-rank job;
-    returns (each run's round records, the job's output)."""
+    """The same sync run of 2 epochs without dropout and with dropout 0.5 from epoch AFTER, then
+    the latter resumed to 3 epochs, one 2-rank job; returns (each run's round records to epoch
+    2, the job's output)."""
     root = tmp_path_factory.mktemp("dropout")
-    sets = ("train.epochs=2",)
+    late = ("model.dropout=0.5", f"model.dropout_after={AFTER}")
     _, out = train_many_job(2, {
-        "plain": (root / "plain", sets),
-        "late": (root / "late", (*sets, "model.dropout=0.5", f"model.dropout_after={AFTER}")),
+        "plain": (root / "plain", ("train.epochs=2",)),
+        "late": (root / "late", ("train.epochs=2", *late)),
+        "resumed": (root / "late", ("train.epochs=3", *late, "checkpoint.resume=auto")),
     })
-    return {name: records(root / name, "round") for name in ("plain", "late")}, out
+    return {name: [r for r in records(root / name, "round") if r["epoch"] <= 2]
+            for name in ("plain", "late")}, out
 
 
 def test_dropout_starts_at_model_dropout_after(runs):
@@ -32,3 +35,8 @@ def test_dropout_starts_at_model_dropout_after(runs):
     assert [plain[i]["loss"] for i in before] == [late[i]["loss"] for i in before]
     assert all(plain[i]["loss"] != late[i]["loss"] for i in after)
     assert f"model.dropout 0.5 from epoch {AFTER:.2f} on (model.dropout_after {AFTER:g})" in out, out[-2000:]
+
+
+def test_a_resumed_run_past_it_trains_with_dropout_from_its_first_round(runs):
+    _, out = runs
+    assert "model.dropout 0.5 from epoch 2.00 on" in out, out[-2000:]
