@@ -116,6 +116,9 @@ class Net(tf.Module):
                                  label_freq if mcfg.sampler == "frequency" else None)
                        if self.sampled else None)
         self.dropout = mcfg.dropout
+        # model.dropout_after: 0 until that many epochs are trained (`dropout_from`)
+        self.dropout_after = mcfg.dropout_after
+        self.rate = tf.Variable(mcfg.dropout if mcfg.dropout_after <= 0 else 0.0, trainable=False)
         self.smoothing = mcfg.label_smoothing
         # kernel, bias of each layer, input layer first (the project's order, to compare and load)
         self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
@@ -133,7 +136,12 @@ class Net(tf.Module):
 
     def _relu(self, x, training):
         x = tf.nn.relu(x)
-        return tf.nn.dropout(x, rate=self.dropout) if training and self.dropout > 0 else x
+        return tf.nn.dropout(x, rate=self.rate) if training and self.dropout > 0 else x
+
+    def dropout_from(self, progress: float) -> None:
+        """Dropout for the steps after `progress` epochs where model.dropout_after says so."""
+        if self.dropout > 0 and progress >= self.dropout_after and float(self.rate.numpy()) == 0:
+            self.rate.assign(self.dropout)
 
     def logits(self, ids, vals, seg, n, training=False):
         h = self.hidden(ids, vals, seg, n, training)
@@ -435,6 +443,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         loss = plain.step(*batch(train_ds, part))
         samples, mine, batches = samples + len(rows), mine + len(part), batches + 1
         progress = epoch + done / train_ds.n_rows
+        plain.net.dropout_from(progress)
         if math.floor(progress / t.eval_every + 1e-9) > math.floor(last / t.eval_every + 1e-9) \
                 and evaluate_now():
             break

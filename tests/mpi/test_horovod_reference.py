@@ -109,6 +109,20 @@ def test_both_are_evaluated_at_the_same_rows(tmp_path):
     assert merged == [1024, 1536, 2000], merged
 
 
+def test_the_plain_script_drops_out_from_model_dropout_after_on(tmp_path):
+    """As the project's model (tests/mpi/test_dropout.py): the evaluations before the switch
+    are the dropout-free run's, those after it not."""
+    sets = ("train.eval_every=0.5", "train.epochs=2")
+    plain(tmp_path / "plain", *sets)
+    plain(tmp_path / "late", *sets, "model.dropout=0.5", "model.dropout_after=1")
+
+    def curve(run):
+        return [(e["epoch"], e["p_at_1"], e["p_at_5"], e["ndcg_at_5"]) for e in records(run, "eval")]
+    ours, late = curve(tmp_path / "plain"), curve(tmp_path / "late")
+    assert [e[0] for e in ours] == [e[0] for e in late] == [0.512, 1.0, 1.512, 2.0], ours
+    assert late[:2] == ours[:2] and late[2] != ours[2] and late[3] != ours[3], (late, ours)
+
+
 def test_under_the_sampled_loss_both_draw_alike_and_train_alike(tmp_path):
     """From the same seeds the plain script draws the project's negatives, batch by batch
     (hvd_adaptive.model.negatives), its calibration's steps (as many as fit their seconds)
