@@ -283,7 +283,8 @@ class Trainer:
         return ranks, loss
 
     def dropout_on(self, epochs: float) -> None:
-        """model.dropout_after: dropout applies to the rounds after `epochs` epochs from there."""
+        """model.dropout_after: dropout applies to every round after the first `epochs` epochs
+        that reach it (said once)."""
         if self.algo.model.dropout_on(epochs):
             self.log.say(f"model.dropout {self.algo.model.dropout:g} from epoch {epochs:.2f} on "
                          f"(model.dropout_after {self.algo.model.cfg.dropout_after:g})")
