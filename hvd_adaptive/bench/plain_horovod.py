@@ -118,7 +118,8 @@ class Net(tf.Module):
         self.dropout = mcfg.dropout
         # model.dropout_after: 0 until that many epochs are trained (`dropout_from`)
         self.dropout_after = mcfg.dropout_after
-        self.rate = tf.Variable(mcfg.dropout if mcfg.dropout_after <= 0 else 0.0, trainable=False)
+        self.dropping = mcfg.dropout > 0 and mcfg.dropout_after <= 0
+        self.rate = tf.Variable(mcfg.dropout if self.dropping else 0.0, trainable=False)
         self.smoothing = mcfg.label_smoothing
         # kernel, bias of each layer, input layer first (the project's order, to compare and load)
         self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
@@ -139,8 +140,10 @@ class Net(tf.Module):
         return tf.nn.dropout(x, rate=self.rate) if training and self.dropout > 0 else x
 
     def dropout_from(self, progress: float) -> None:
-        """Dropout for the steps after `progress` epochs where model.dropout_after says so."""
-        if self.dropout > 0 and progress >= self.dropout_after and float(self.rate.numpy()) == 0:
+        """Dropout for the steps after `progress` epochs where model.dropout_after says so
+        (called every step: a Python check until it switches, then nothing)."""
+        if not self.dropping and self.dropout > 0 and progress >= self.dropout_after:
+            self.dropping = True
             self.rate.assign(self.dropout)
 
     def logits(self, ids, vals, seg, n, training=False):

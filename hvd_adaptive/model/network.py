@@ -126,11 +126,12 @@ class SparseMLP(tf.Module):
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout
-        # The rate the traced steps read: `dropout` from the first step, or 0 until
-        # `dropout_on` sees model.dropout_after epochs trained. Not a model variable (no
-        # merge, broadcast or checkpoint carries it).
-        self.dropout_rate = tf.Variable(cfg.dropout if cfg.dropout_after <= 0 else 0.0,
-                                        trainable=False, name="dropout_rate")
+        # The rate the traced steps read, where there is dropout: `dropout` from the first
+        # step, or 0 until `dropout_on` sees model.dropout_after epochs trained. Not a model
+        # variable (no merge, broadcast or checkpoint carries it).
+        self.dropout_rate = (tf.Variable(cfg.dropout if cfg.dropout_after <= 0 else 0.0,
+                                         trainable=False, name="dropout_rate")
+                             if cfg.dropout > 0 else None)
         self.label_smoothing = cfg.label_smoothing
         self.cfg = cfg
         hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
