@@ -166,6 +166,8 @@ def test_a_resumed_run_keeps_a_later_best_it_does_not_pass(runs, tmp_path):
     best = ck.newest(cut / "checkpoints" / "best").rename(cut / "checkpoints" / "best" / "ckpt-1")
     kept, _ = ck.load(best)
     assert kept["best.epoch"] > 4, kept["best.epoch"]  # kept after the end of the resumed run
+    # the score it was kept by, as the run's evaluations record it (not another figure)
+    assert kept["best.val_score"] == pytest.approx(max(kept_score(e) for e in records(run_dir, "eval")), abs=1e-4)
     train(2, cut, "checkpoint.resume=auto", "train.epochs=4", config=str(cut / "config.json"))
     rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     since = next(i for i, r in enumerate(rows) if r["event"] == "resume")
