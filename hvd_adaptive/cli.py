@@ -8,6 +8,7 @@ Usage:
   mpirun -np 2 hvd-adaptive tune --config FILE    # the rate optim.lr=auto chooses, no training
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
   hvd-adaptive data pypi --out data/pypi --projects 80000   # real data: PyPI projects' metadata
+  hvd-adaptive data npm --out data/npm --packages 60000     # real data: npm packages' manifests
   hvd-adaptive trees --config FILE       # napkinXC's label tree on the same rows, for comparison
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
@@ -201,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     y = dsub.add_parser("pypi", help="fetch (cached) PyPI projects' metadata and write a real "
                         "XC train/test pair: words as features, keywords and classifiers as labels")
     pypi_arguments(y)
+    from hvd_adaptive.data.npm import add_arguments as npm_arguments
+
+    m = dsub.add_parser("npm", help="crawl (cached) npm packages' manifests and write a real XC "
+                        "train/test pair: words as features, keywords as labels")
+    npm_arguments(m)
 
     r = sub.add_parser("report", help="plot P@1 against wall time from run folders")
     r.add_argument("runs", nargs="*", help="run folders (each with metrics.jsonl)")

@@ -274,19 +274,18 @@ def _get_kept_alive(url: str, timeout: float, redirects: int = 3) -> bytes:
     return body
 
 
-def fetch_project(name: str, project_url: str = PROJECT_URL, timeout: float = 30.0,
-                  retries: int = 3) -> dict:
-    """One project's record: the kept fields with ``status`` ``ok``, ``not_found`` (404/410),
-    or ``error`` (with the last error) after ``retries`` retries of timeouts, connection
-    errors, 429 and 5xx answers and unreadable JSON (waits of 1, 2, 4, ... s, jittered).
-    Requests go over the calling thread's persistent connection (:func:`_get_kept_alive`)."""
-    url = project_url.format(name=urllib.parse.quote(name, safe=""))
+def fetch_record(name: str, url: str, keep, timeout: float = 30.0, retries: int = 3) -> dict:
+    """One name's record: ``keep(name, the answer's JSON)`` (the kept fields, status ``ok``), or
+    status ``not_found`` (404/410), or ``error`` (with the last error) after ``retries``
+    retries of timeouts, connection errors, 429 and 5xx answers and unreadable JSON (waits of
+    1, 2, 4, ... s, jittered). Requests go over the calling thread's persistent connection
+    (:func:`_get_kept_alive`)."""
     err = ""
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(min(30.0, 2.0 ** (attempt - 1)) * (0.5 + random.random()))
         try:
-            return _keep(name, json.loads(_get_kept_alive(url, timeout))["info"])
+            return keep(name, json.loads(_get_kept_alive(url, timeout)))
         except _HTTPStatus as e:
             if e.code in (404, 410):
                 return {"name": name, "status": "not_found"}
@@ -296,6 +295,13 @@ def fetch_project(name: str, project_url: str = PROJECT_URL, timeout: float = 30
         except Exception as e:  # noqa: BLE001 - timeouts, resets, bad JSON: retried, then recorded
             err = f"{type(e).__name__}: {e}"
     return {"name": name, "status": "error", "error": err[:300]}
+
+
+def fetch_project(name: str, project_url: str = PROJECT_URL, timeout: float = 30.0,
+                  retries: int = 3) -> dict:
+    """One PyPI project's record (:func:`fetch_record` of its JSON API's ``info``)."""
+    url = project_url.format(name=urllib.parse.quote(name, safe=""))
+    return fetch_record(name, url, lambda n, d: _keep(n, d["info"]), timeout, retries)
 
 
 def fetch(out_dir, n_projects: int, seed: int, workers: int = 8, *, timeout: float = 30.0,
@@ -382,7 +388,7 @@ def fetch(out_dir, n_projects: int, seed: int, workers: int = 8, *, timeout: flo
 
 
 def _fetch_all(path: Path, todo: list[str], n_wanted: int, counts: Counter, workers: int,
-               progress_every: float, get) -> int:
+               progress_every: float, get, noun: str = "projects") -> int:
     """Fetch `todo` with `workers` threads, appending each record as it arrives; updates
     `counts` (statuses of the sample) and returns how many new records have a label."""
     labelled = done = 0
@@ -412,7 +418,7 @@ def _fetch_all(path: Path, todo: list[str], n_wanted: int, counts: Counter, work
                 now = time.perf_counter()
                 if now - last >= progress_every:
                     last = now
-                    print(f"  {base + done}/{n_wanted} projects, {done / (now - t0):.1f}/s, "
+                    print(f"  {base + done}/{n_wanted} {noun}, {done / (now - t0):.1f}/s, "
                           f"{counts['ok']} kept ({labelled} new with a label), "
                           f"{counts['not_found']} not found, {counts['error']} failed",
                           flush=True)
