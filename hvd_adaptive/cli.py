@@ -8,7 +8,7 @@ Usage:
   mpirun -np 2 hvd-adaptive tune --config FILE    # the rate optim.lr=auto chooses, no training
   hvd-adaptive data synth --preset amazon670k --scale 0.01 --out data/amz
   hvd-adaptive data pypi --out data/pypi --projects 80000   # real data: PyPI projects' metadata
-  hvd-adaptive data npm --out data/npm --packages 60000     # real data: npm packages' manifests
+  hvd-adaptive data npm --out data/npm --packages 30000     # real data: npm packages' manifests
   hvd-adaptive trees --config FILE       # napkinXC's label tree on the same rows, for comparison
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N

@@ -133,4 +133,4 @@ def test_bad_arguments_and_the_cli_command(tmp_path):
     with pytest.raises(SystemExit) as e:
         npm.main(["--out", str(tmp_path), "--no-such-option"])
     assert e.value.code == 2
-    assert build_parser().parse_args(["data", "npm", "--out", "x"]).packages == 60000
+    assert build_parser().parse_args(["data", "npm", "--out", "x"]).packages == 30000
