@@ -2,8 +2,9 @@
 
 The rule (`rule`, `optim.lr_choice: rule`, for Adagrad-type optimizers): ADAGRAD_STEP over the
 square root of the training rows' median L1 norm, over the fourth root of their mean labels a
-row in units of LABELS_A_ROW where they have more, and times SAMPLED_STEP under the sampled loss
-(`centre`), read from the rows, no training.
+row in units of LABELS_A_ROW where they have more, over the square root of the last hidden
+layer's width in units of WIDTH where it is wider, and times SAMPLED_STEP under the sampled
+loss (`centre`), read from the rows and the config, no training.
 
 The probe (`search`, `optim.lr_choice: probe`, and for the other optimizers):
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
@@ -54,6 +55,14 @@ LABELS_A_ROW = 6.0
 # 67,009 labels sync's best fixed rate was 0.05 and adaptive SGD's 0.0716-0.1 where the rule
 # above gives 0.1018 (docs/benchmark.md, "The sampled loss's rate").
 SAMPLED_STEP = 2 ** -0.5
+# A wider hidden layer wants a lower rate: every weight of the output layer steps by about lr,
+# so a step moves a logit by about lr times the hidden activations' L1 norm, which grows with
+# the width. The constant above was set at WIDTH units; at 512 the best fixed rate was half the
+# rule's on the npm data and on the synthetic TF-IDF rows, and the probe took 0.71 of its
+# rate on the EURLex shape (docs/benchmark.md, "A wider hidden layer's rate"). Above WIDTH the rate falls as
+# the square root of the output layer's fan-in over WIDTH, as it does with a row's L1 norm;
+# below WIDTH it was not measured and is not raised.
+WIDTH = 128
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 ADAGRADS = ("adagrad", "rowwise_adagrad")
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
@@ -210,7 +219,7 @@ def centre(cfg, ds, rows: np.ndarray) -> float:
     the dataset `ds`, else CENTRES."""
     if cfg.optim.name not in ADAGRADS:
         return CENTRES[cfg.optim.name]
-    return norm_rate(median_l1(ds, rows), labels_a_row(ds, rows), sampled(cfg))
+    return norm_rate(median_l1(ds, rows), labels_a_row(ds, rows), sampled(cfg), fan_in(cfg))
 
 
 def sampled(cfg) -> bool:
@@ -218,12 +227,19 @@ def sampled(cfg) -> bool:
     return cfg.model.output == "sampled"
 
 
-def norm_rate(norm: float, labels: float, sampled_loss: bool) -> float:
+def fan_in(cfg) -> int:
+    """The output layer's fan-in: the last hidden layer's width."""
+    return cfg.model.hidden[-1]
+
+
+def norm_rate(norm: float, labels: float, sampled_loss: bool, units: int = WIDTH) -> float:
     """ADAGRAD_STEP over the square root of a median L1 norm (ADAGRAD_STEP for a norm of 0),
-    over the fourth root of a mean of `labels` a row in units of LABELS_A_ROW where above 1, and
+    over the fourth root of a mean of `labels` a row in units of LABELS_A_ROW where above 1,
+    over the square root of the output layer's fan-in, `units`, over WIDTH where above 1, and
     times SAMPLED_STEP for the sampled loss."""
     rate = ADAGRAD_STEP / math.sqrt(norm) if norm > 0 else ADAGRAD_STEP
     rate /= max(1.0, labels / LABELS_A_ROW) ** 0.25
+    rate /= max(1.0, units / WIDTH) ** 0.5
     return rate * SAMPLED_STEP if sampled_loss else rate
 
 
@@ -236,6 +252,7 @@ class RuleChoice:
     labels_a_row: float    # their mean
     sampled: bool          # the sampled loss's SAMPLED_STEP taken
     rows: int              # training rows read
+    width: int             # the output layer's fan-in
     seconds: float         # the slowest rank's, charged to the clock
     method: str = "rule"
 
@@ -245,10 +262,12 @@ class RuleChoice:
     def line(self) -> str:
         labels = (f", and over ({self.labels_a_row:.3g} labels a row / {LABELS_A_ROW:g}) ** 0.25"
                   if self.labels_a_row > LABELS_A_ROW else "")
+        wide = (f", and over ({self.width} hidden units / {WIDTH}) ** 0.5"
+                if self.width > WIDTH else "")
         loss = f", times {SAMPLED_STEP:.4g} for the sampled loss" if self.sampled else ""
         return (f"optim.lr auto: {self.lr:g} (the rule: {ADAGRAD_STEP:g} over the square root of "
                 f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows"
-                f"{labels}{loss}; {self.seconds:.3f} s, charged to the clock)")
+                f"{labels}{wide}{loss}; {self.seconds:.3f} s, charged to the clock)")
 
 
 def uses_rule(cfg) -> bool:
@@ -286,10 +305,10 @@ def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
         raise ConfigError(
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
-    norm, loss = median_l1(ds, rows), sampled(cfg)
-    lr, norm, labels = allgather((norm_rate(norm, labels, loss), norm, labels))[0]
+    norm, loss, units = median_l1(ds, rows), sampled(cfg), fan_in(cfg)
+    lr, norm, labels = allgather((norm_rate(norm, labels, loss, units), norm, labels))[0]
     return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=loss, rows=len(rows),
-                      seconds=max(allgather(time.perf_counter() - t0)))
+                      width=units, seconds=max(allgather(time.perf_counter() - t0)))
 
 
 def judge_labels(ds, train_rows: np.ndarray, held_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -286,6 +286,13 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
     assert under.lr == pytest.approx(one.lr / math.sqrt(2)) and under.sampled and not one.sampled
     assert "times 0.7071 for the sampled loss" in under.line()
     assert "sampled loss" not in one.line()
+    # A wider last hidden layer (the output layer's fan-in): 512 units, 4 times WIDTH, half the
+    # rate, said so; tiny.yaml's 64 units, narrower than WIDTH, take the rate as it is.
+    assert cfg.model.hidden == [64] and one.width == 64 and one.record()["width"] == 64
+    wide_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden=[64, 512]))
+    wide = tune.rule(wide_cfg, _rows(3000), allgather)
+    assert wide.lr == pytest.approx(one.lr / 2) and wide.width == 512
+    assert "(512 hidden units / 128) ** 0.5" in wide.line() and "hidden units" not in one.line()
     with pytest.raises(ConfigError, match=r"optim.lr=auto: none of the [0-9]+ training rows the "
                                           r"rule reads has a label"):
         tune.rule(cfg, _rows(3000, labels=0), allgather)
