@@ -196,6 +196,13 @@ def test_the_rule_moves_with_the_feature_scale_costs_no_training_and_refuses_no_
         assert choice["method"] == "rule" and choice["lr"] == pytest.approx(chosen[scale], rel=1e-5)
         assert choice["seconds"] < 0.5, choice  # rows read, nothing trained
     assert chosen[16.0] == pytest.approx(chosen[1.0] / 4, rel=1e-4), chosen
+    # The same rows under a 512-wide hidden layer (tiny.yaml's is 64): half the rate, said so.
+    same = (tmp_path / "x1" / "train.txt", tmp_path / "x1" / "test.txt")
+    p = _tune(tmp_path, "rule-wide", *same, sets=(*RULE, "model.hidden=[512]"))
+    assert p.returncode == 0, explain(p)
+    wide = records(tmp_path / "rule-wide", "start")[0]["lr_choice"]
+    assert wide["width"] == 512 and wide["lr"] == pytest.approx(chosen[1.0] / 2, rel=1e-4), wide
+    assert "and over (512 hidden units / 128) ** 0.5" in p.stdout, p.stdout
     p = _tune(tmp_path, "rule-nolabels", *_files(tmp_path, 1.0, labels=False), sets=RULE)
     assert p.returncode != 0
     assert re.search(r"optim.lr=auto: none of the [0-9]+ training rows the rule reads has a "
