@@ -204,7 +204,8 @@ class OptimConfig:
     lr_choice: Literal["auto", "rule", "probe"] = "auto"
     """How optim.lr auto chooses. rule: for adagrad and rowwise_adagrad, 0.25 over the square
     root of the training rows' median L1 norm, over the fourth root of their mean labels a row
-    over 6 where above, and 1/sqrt(2) of that under the sampled loss
+    over 6 where above, over the square root of the last hidden layer's width over 128 where
+    wider, and 1/sqrt(2) of that under the sampled loss
     (hvd_adaptive.train.tune.centre), read from the rows in milliseconds, no training; the
     other optimizers probe. probe: candidate rates around that value, each trained 32 steps of
     64 rows from the same start and judged on held-out training rows
