@@ -192,27 +192,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--packages", type=int, default=30000,
                         help="packages taken by the crawl (default 30000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the train/test split")
-    parser.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
-    parser.add_argument("--min-label-count", type=int, default=2,
-                        help="rows a label needs (train and test, default 2)")
-    parser.add_argument("--min-feature-df", type=int, default=2,
-                        help="training rows a word needs to be a feature (default 2)")
-    parser.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
-    parser.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
-    parser.add_argument("--retry-failed", action="store_true",
-                        help="request the names whose fetch failed earlier again")
+    pypi.add_build_arguments(parser)
     parser.set_defaults(fn=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Runs the parsed options; a network or output-folder error is one line on stderr."""
-    try:
-        run(args.out, args.packages, args.seed, args.workers, args.min_label_count,
-            args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
-    except (OSError, DataError) as e:
-        print(f"hvd-adaptive data npm: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    """Runs the parsed options; a network, output-folder or data error is one line on stderr."""
+    return pypi.report_errors("npm", lambda: run(
+        args.out, args.packages, args.seed, args.workers, args.min_label_count,
+        args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

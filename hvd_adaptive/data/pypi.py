@@ -677,27 +677,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for the fetch's cache and the data set")
     parser.add_argument("--projects", type=int, default=80000, help="projects sampled (default 80000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the sample and of the split")
-    parser.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
-    parser.add_argument("--min-label-count", type=int, default=2,
-                   help="rows a label needs (train and test, default 2)")
-    parser.add_argument("--min-feature-df", type=int, default=2,
-                   help="training rows a word needs to be a feature (default 2)")
-    parser.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
-    parser.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
-    parser.add_argument("--retry-failed", action="store_true",
-                   help="request the names whose fetch failed earlier again")
+    add_build_arguments(parser)
     parser.set_defaults(fn=run_command)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Runs the parsed options; a network or output-folder error is one line on stderr."""
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `hvd-adaptive data pypi` and `hvd-adaptive data npm` share: the fetch's
+    threads and retries, and the build's filters and split."""
+    parser.add_argument("--workers", type=int, default=8, help="fetching threads (default 8)")
+    parser.add_argument("--min-label-count", type=int, default=2,
+                        help="rows a label needs (train and test, default 2)")
+    parser.add_argument("--min-feature-df", type=int, default=2,
+                        help="training rows a word needs to be a feature (default 2)")
+    parser.add_argument("--max-features", type=int, default=200_000, help="largest vocabulary")
+    parser.add_argument("--test-fraction", type=float, default=0.25, help="share of test rows")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="request the names whose fetch failed earlier again")
+
+
+def report_errors(command: str, call) -> int:
+    """Runs `call()`; a network, output-folder or data error is one line on stderr (exit 2)."""
     try:
-        run(args.out, args.projects, args.seed, args.workers, args.min_label_count,
-            args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed)
-    except OSError as e:  # the network, or the output folder
-        print(f"hvd-adaptive data pypi: error: {e}", file=sys.stderr)
+        call()
+    except (OSError, DataError) as e:
+        print(f"hvd-adaptive data {command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs the parsed options; a network, output-folder or data error is one line on stderr."""
+    return report_errors("pypi", lambda: run(
+        args.out, args.projects, args.seed, args.workers, args.min_label_count,
+        args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -124,7 +124,7 @@ def test_the_data_set_has_keywords_as_labels_and_words_as_features(tmp_path, reg
     assert train.n_labels == 4 and train.n_features == len(feats)
 
 
-def test_bad_arguments_and_the_cli_command(tmp_path):
+def test_bad_arguments_and_the_cli_command(tmp_path, capsys):
     with pytest.raises(ValueError, match="seeds must be npm package names"):
         npm.fetch(tmp_path, 5, seeds=("fine", "no spaces"))
     with pytest.raises(ValueError, match="n_packages"):
@@ -134,3 +134,16 @@ def test_bad_arguments_and_the_cli_command(tmp_path):
         npm.main(["--out", str(tmp_path), "--no-such-option"])
     assert e.value.code == 2
     assert build_parser().parse_args(["data", "npm", "--out", "x"]).packages == 30000
+    # An output folder that cannot be made, and a damaged cache: one line naming it, exit 2,
+    # the cache left as it was (nothing is requested before the cache is read).
+    capsys.readouterr()
+    (tmp_path / "a-file").write_text("x")
+    assert npm.main(["--out", str(tmp_path / "a-file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hvd-adaptive data npm: error: ") and "a-file" in err and err.count("\n") == 1
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "records.jsonl").write_text('{"name": "web", "status": "ok"}\nnot json\n')
+    assert npm.main(["--out", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'cache' / 'records.jsonl'}:2: not valid JSON" in err, err
+    assert (tmp_path / "cache" / "records.jsonl").read_text().endswith("not json\n")
