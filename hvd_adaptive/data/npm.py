@@ -174,16 +174,9 @@ def run(out, packages=30000, seed=1, workers=8, min_label_count=2, min_feature_d
     if not meta["ok"]:
         raise DataError(f"{out}: no package of the sample was fetched "
                         f"({meta['error']} failed, {meta['not_found']} not found)")
-    t1 = time.perf_counter()
-    info = pypi.build(Path(out) / "records.jsonl", out, test_fraction=test_fraction, seed=seed,
-                      min_label_count=min_label_count, min_feature_df=min_feature_df,
-                      max_features=max_features, fetch_info=meta, names=meta["wanted"])
-    print(f"wrote {out}: {info['rows']['train']} train and {info['rows']['test']} test rows, "
-          f"{info['features']} features, {info['labels']} labels (median "
-          f"{info['median_labels_per_row']:g} labels, {info['median_features_per_row']:g} "
-          f"features a row); build {time.perf_counter() - t1:.1f} s, "
-          f"total {time.perf_counter() - t0:.1f} s", flush=True)
-    return info
+    return pypi.build_sample(out, meta, t0, test_fraction=test_fraction, seed=seed,
+                             min_label_count=min_label_count, min_feature_df=min_feature_df,
+                             max_features=max_features)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,12 +198,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m hvd_adaptive.data.npm ARGS``: the options of ``hvd-adaptive data npm``."""
-    parser = argparse.ArgumentParser(prog="python -m hvd_adaptive.data.npm",
-                                     description="crawl (cached) npm packages' manifests and "
-                                     "write a real XC train/test pair")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    return pypi.module_main("hvd_adaptive.data.npm", "crawl (cached) npm packages' manifests "
+                            "and write a real XC train/test pair", add_arguments, argv)
 
 
 if __name__ == "__main__":

@@ -658,11 +658,17 @@ def run(out, projects=80000, seed=1, workers=8, min_label_count=2, min_feature_d
     prints and returns the data set's ``info``."""
     t0 = time.perf_counter()
     meta = fetch(out, projects, seed, workers, retry_failed=retry_failed)
+    return build_sample(out, meta, t0, test_fraction=test_fraction, seed=seed,
+                        min_label_count=min_label_count, min_feature_df=min_feature_df,
+                        max_features=max_features)
+
+
+def build_sample(out, meta: dict, t0: float, **build_args) -> dict:
+    """Builds the data set of a fetch's sample (`meta`, with ``wanted``) from ``out``'s records
+    into `out`; prints its shape and the seconds since `t0`, and returns its ``info``."""
     t1 = time.perf_counter()
-    info = build(Path(out) / "records.jsonl", out, test_fraction=test_fraction, seed=seed,
-                 min_label_count=min_label_count, min_feature_df=min_feature_df,
-                 max_features=max_features, fetch_info=meta,
-                 names=meta["wanted"])
+    info = build(Path(out) / "records.jsonl", out, fetch_info=meta, names=meta["wanted"],
+                 **build_args)
     print(f"wrote {out}: {info['rows']['train']} train and {info['rows']['test']} test rows, "
           f"{info['features']} features, {info['labels']} labels (median "
           f"{info['median_labels_per_row']:g} labels, {info['median_features_per_row']:g} "
@@ -712,14 +718,19 @@ def run_command(args: argparse.Namespace) -> int:
         args.min_feature_df, args.max_features, args.test_fraction, args.retry_failed))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m hvd_adaptive.data.pypi ARGS``: the options of ``hvd-adaptive data pypi``."""
-    parser = argparse.ArgumentParser(prog="python -m hvd_adaptive.data.pypi",
-                                     description="fetch (cached) PyPI projects' metadata and "
-                                     "write a real XC train/test pair")
-    add_arguments(parser)
+def module_main(module: str, description: str, add, argv: Optional[list[str]]) -> int:
+    """``python -m MODULE ARGS``: parses `argv` with the options `add` puts on a parser and runs
+    the command they set (``fn``)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    add(parser)
     args = parser.parse_args(argv)
     return args.fn(args)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m hvd_adaptive.data.pypi ARGS``: the options of ``hvd-adaptive data pypi``."""
+    return module_main("hvd_adaptive.data.pypi", "fetch (cached) PyPI projects' metadata and "
+                       "write a real XC train/test pair", add_arguments, argv)
 
 
 if __name__ == "__main__":
