@@ -232,7 +232,7 @@ def fan_in(cfg) -> int:
     return cfg.model.hidden[-1]
 
 
-def norm_rate(norm: float, labels: float, sampled_loss: bool, units: int = WIDTH) -> float:
+def norm_rate(norm: float, labels: float, sampled_loss: bool, units: int) -> float:
     """ADAGRAD_STEP over the square root of a median L1 norm (ADAGRAD_STEP for a norm of 0),
     over the fourth root of a mean of `labels` a row in units of LABELS_A_ROW where above 1,
     over the square root of the output layer's fan-in, `units`, over WIDTH where above 1, and
