@@ -134,6 +134,16 @@ def latest_records(records: Iterable[dict]) -> dict[str, dict]:
     return {r["name"]: r for r in records}
 
 
+def cached_records(path: Path) -> dict[str, dict]:
+    """The last record of each name in a fetch's records file (:func:`latest_records`), its
+    unfinished last line cut off first (:func:`_repair_tail`); empty where there is none."""
+    if path.is_file() and path.stat().st_size:
+        _repair_tail(path)
+        if path.stat().st_size:
+            return latest_records(read_records(path))
+    return {}
+
+
 def _repair_tail(path: Path) -> None:
     """Cut a partial last line (an append interrupted mid-write) off the records file."""
     size = path.stat().st_size
@@ -340,11 +350,7 @@ def fetch(out_dir, n_projects: int, seed: int, workers: int = 8, *, timeout: flo
     names = load_index(out, index_url)
     wanted = sample_names(names, n_projects, seed)
     path = out / "records.jsonl"
-    have: dict[str, str] = {}
-    if path.is_file() and path.stat().st_size:
-        _repair_tail(path)
-        if path.stat().st_size:
-            have = {r["name"]: r.get("status", "ok") for r in read_records(path)}
+    have = {n: r.get("status", "ok") for n, r in cached_records(path).items()}
     skip = {"ok", "not_found"} if retry_failed else {"ok", "not_found", "error"}
     todo = [n for n in wanted if have.get(n) not in skip]
     meta_path = out / "fetch.json"
