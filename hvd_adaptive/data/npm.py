@@ -81,14 +81,6 @@ def fetch_package(name: str, registry_url: str = REGISTRY_URL, timeout: float = 
     return pypi.fetch_record(name, url, keep, timeout, retries)
 
 
-def _cached(path: Path) -> dict[str, dict]:
-    if path.is_file() and path.stat().st_size:
-        pypi._repair_tail(path)
-        if path.stat().st_size:
-            return pypi.latest_records(pypi.read_records(path))
-    return {}
-
-
 def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: float = 30.0,
           retries: int = 3, progress_every: float = 10.0, retry_failed: bool = False,
           registry_url: str = REGISTRY_URL) -> dict:
@@ -114,7 +106,7 @@ def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: f
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "records.jsonl"
-    have = _cached(path)
+    have = pypi.cached_records(path)
     meta_path = out / "fetch.json"
     old = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     skip = {"ok", "not_found"} if retry_failed else {"ok", "not_found", "error"}
@@ -136,7 +128,7 @@ def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: f
                 path, todo, len(todo), Counter(), workers, progress_every,
                 lambda n: fetch_package(n, registry_url, timeout, retries), noun="packages")
             requested += len(todo)
-            have = _cached(path)
+            have = pypi.cached_records(path)
         wanted += level
         levels.append(len(level))
         counts.update(have[n]["status"] for n in level)
