@@ -158,11 +158,13 @@ def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: f
 
 
 def run(out, packages=30000, seed=1, workers=8, min_label_count=2, min_feature_df=2,
-        max_features=200_000, test_fraction=0.25, retry_failed=False) -> dict:
+        max_features=200_000, test_fraction=0.25, retry_failed=False, *,
+        registry_url: str = REGISTRY_URL, seeds=SEEDS) -> dict:
     """Crawl (cached) the sample, then build the data set of its records into `out`;
     prints and returns the data set's ``info``."""
     t0 = time.perf_counter()
-    meta = fetch(out, packages, workers, retry_failed=retry_failed)
+    meta = fetch(out, packages, workers, retry_failed=retry_failed, seeds=seeds,
+                 registry_url=registry_url)
     if not meta["ok"]:
         raise DataError(f"{out}: no package of the sample was fetched "
                         f"({meta['error']} failed, {meta['not_found']} not found)")

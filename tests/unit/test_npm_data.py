@@ -124,6 +124,25 @@ def test_the_data_set_has_keywords_as_labels_and_words_as_features(tmp_path, reg
     assert train.n_labels == 4 and train.n_features == len(feats)
 
 
+def test_the_command_crawls_builds_and_says_what_it_wrote(tmp_path, registry, capsys):
+    url, srv = registry
+    info = npm.run(tmp_path, packages=20, workers=2, min_feature_df=1, test_fraction=0.3,
+                   registry_url=url, seeds=("web", "@ui/core"))
+    out = capsys.readouterr().out
+    assert "the crawl ran out of names at 9 packages (of 20 wanted)" in out
+    assert (f"wrote {tmp_path}: {info['rows']['train']} train and {info['rows']['test']} test "
+            f"rows, {info['features']} features, 4 labels") in out
+    assert json.loads((tmp_path / "info.json").read_text()) == info
+    assert load_dataset(str(tmp_path / "test.txt")).n_labels == 4
+    # Again: the cache answers, nothing is requested, the same files.
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    n = sum(srv.requests.values())
+    npm.run(tmp_path, packages=20, workers=2, min_feature_df=1, test_fraction=0.3,
+            registry_url=url, seeds=("web", "@ui/core"))
+    assert sum(srv.requests.values()) == n
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
 def test_bad_arguments_and_the_cli_command(tmp_path, capsys):
     with pytest.raises(ValueError, match="seeds must be npm package names"):
         npm.fetch(tmp_path, 5, seeds=("fine", "no spaces"))
