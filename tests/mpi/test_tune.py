@@ -77,7 +77,10 @@ def test_a_slower_rank_trains_fewer_candidates_in_the_project_and_the_plain_scri
     for who in ("project", "plain"):
         start = records(tmp_path / who, "start")[0]
         fast, slower = start["standalone_rates"]
-        assert 2.2 < fast / slower < 5.0, (who, start["standalone_rates"])  # above split's 2
+        # Above split's 2, so both first candidates go to rank 0. The quota also throttles the
+        # slowed rank's Horovod and MPI threads, so its step gets less than a third of a core:
+        # 5.2x was seen in a full suite run; the bound only rules out a rank that barely ran.
+        assert 2.2 < fast / slower < 8.0, (who, start["standalone_rates"])
         ranks = start["lr_choice"]["ranks"]
         assert ranks and set(ranks) == {0}, (who, ranks)
 
