@@ -54,7 +54,15 @@ def test_label_smoothing_spreads_the_target_in_training_only():
     assert float(m.loss_and_top(*batch_tensors(b), *tune.EVERY_LABEL)[0]) == pytest.approx(numpy_loss(m, b), rel=1e-5)
 
 
+def farthest_of_draws(model, b, plain, draws=5):
+    """The training loss's largest relative distance from `plain` over a few draws of the
+    dropout mask: one draw lands within 0.1% of the plain loss about once in 250 at these small
+    initial weights, five all at once practically never."""
+    return max(abs(float(model.loss(*batch_tensors(b))) / plain - 1) for _ in range(draws))
+
+
 def test_dropout_applies_in_training_from_model_dropout_after_on():
+    tf.random.set_seed(11)
     b = tiny_batch()
     late = SparseMLP(6, 4, ModelConfig(hidden=[64], init_seed=3, dropout=0.5, dropout_after=2))
     plain = numpy_loss(late, b)
@@ -62,10 +70,10 @@ def test_dropout_applies_in_training_from_model_dropout_after_on():
     assert not late.dropout_on(1.5)
     assert float(late.loss(*batch_tensors(b))) == pytest.approx(plain, rel=1e-5)
     assert late.dropout_on(2.0) and not late.dropout_on(3.0)  # switched once
-    assert float(late.loss(*batch_tensors(b))) != pytest.approx(plain, rel=1e-3)
+    assert farthest_of_draws(late, b, plain) > 1e-3
     assert float(late.loss(*batch_tensors(b), training=False)) == pytest.approx(plain, rel=1e-5)
     first = SparseMLP(6, 4, ModelConfig(hidden=[64], init_seed=3, dropout=0.5))
-    assert float(first.loss(*batch_tensors(b))) != pytest.approx(plain, rel=1e-3)  # from the start
+    assert farthest_of_draws(first, b, plain) > 1e-3  # from the start
     assert not first.dropout_on(0.0)
 
 
