@@ -118,9 +118,19 @@ def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: f
     t0 = time.perf_counter()
     level = sorted(set(seeds))
     taken = set(level)
+
+    def describe(first_fetch, last_fetch):
+        return {"source": "npm", "registry_url": registry_url, "seeds": list(seeds),
+                "n_packages": n_packages, "workers": workers, "first_fetch": first_fetch,
+                "last_fetch": last_fetch, "levels": levels, "ok": counts["ok"],
+                "not_found": counts["not_found"], "error": counts["error"]}
+
     while level and len(wanted) < n_packages:
         level = level[:n_packages - len(wanted)]
         todo = [n for n in level if have.get(n, {}).get("status") not in skip]
+        if todo and not requested and not old.get("first_fetch"):
+            # Written before the first request too, so a crawl cut short still dates its records.
+            pypi._atomic_write(meta_path, json.dumps(describe(started, None), indent=1) + "\n")
         if todo:
             print(f"level {len(levels)}: fetching {len(todo)} of {len(level)} packages "
                   f"({len(level) - len(todo)} cached) with {workers} threads", flush=True)
@@ -135,12 +145,8 @@ def fetch(out_dir, n_packages: int, workers: int = 8, *, seeds=SEEDS, timeout: f
         nxt = {d for n in level if have[n].get("status") == "ok" for d in have[n].get("deps", ())}
         level = sorted(nxt - taken)
         taken.update(level)
-    info = {"source": "npm", "registry_url": registry_url, "seeds": list(seeds),
-            "n_packages": n_packages, "workers": workers,
-            "first_fetch": old.get("first_fetch") or (started if requested else None),
-            "last_fetch": pypi._now() if requested else old.get("last_fetch"),
-            "levels": levels, "ok": counts["ok"], "not_found": counts["not_found"],
-            "error": counts["error"]}
+    info = describe(old.get("first_fetch") or (started if requested else None),
+                    pypi._now() if requested else old.get("last_fetch"))
     elapsed = time.perf_counter() - t0
     if requested:
         print(f"fetched {requested} packages in {elapsed:.0f} s "

@@ -3,7 +3,12 @@ wanted size, resume, statuses) against a local registry server, and the data set
 its records."""
 import http.server
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 import urllib.parse
 from collections import Counter
 
@@ -29,6 +34,7 @@ class FakeRegistry(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.requests = Counter()
         self.lock = threading.Lock()
+        self.hold = {}  # name -> threading.Event its answer waits for
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -41,6 +47,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         with self.server.lock:
             self.server.requests[self.path] += 1
         name = urllib.parse.unquote(self.path[1:].rsplit("/latest", 1)[0])
+        if name in self.server.hold:
+            self.server.hold[name].wait(60)
         if name in PACKAGES and self.path.endswith("/latest"):
             desc, kw, deps = PACKAGES[name]
             body = json.dumps({"name": name, "version": "1.0.0", "description": desc,
@@ -62,6 +70,8 @@ def registry():
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", srv
+    for held in srv.hold.values():
+        held.set()
     srv.shutdown()
     srv.server_close()
 
@@ -102,6 +112,34 @@ def test_the_crawl_takes_levels_in_name_order_up_to_the_wanted_size(tmp_path, re
     requests = Counter(srv.requests)
     npm.fetch(tmp_path, 20, workers=3, retry_failed=True, **kw)
     assert srv.requests - requests == Counter({"/broken/latest": 2})
+
+
+def test_a_crawl_killed_midway_has_dated_its_records_and_resumes(tmp_path, registry):
+    """The crawl writes fetch.json before its first request: a crawl killed in level 1 leaves
+    the first fetch's date beside level 0's records, and the resumed crawl keeps that date."""
+    url, srv = registry
+    srv.hold["router"] = threading.Event()  # level 1 hangs on router
+    code = (f"from hvd_adaptive.data import npm; npm.fetch({str(tmp_path)!r}, 7, workers=1, "
+            f"seeds=('web', '@ui/core'), registry_url={url!r}, retries=0, progress_every=0.0)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not srv.requests["/router/latest"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.requests["/router/latest"], "the crawl never reached level 1"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    meta = json.loads((tmp_path / "fetch.json").read_text())
+    assert meta["first_fetch"] and meta["last_fetch"] is None and meta["source"] == "npm"
+    cached = pypi.cached_records(tmp_path / "records.jsonl")
+    assert {"@ui/core", "web", "dom-kit"} <= set(cached) and "router" not in cached
+    srv.hold["router"].set()
+    got = npm.fetch(tmp_path, 7, workers=1, seeds=("web", "@ui/core"), registry_url=url,
+                    retries=0, progress_every=0.0)
+    assert got["first_fetch"] == meta["first_fetch"] and got["last_fetch"] >= got["first_fetch"]
+    assert srv.requests["/web/latest"] == 1  # level 0 came from the cache
+    assert len(got["wanted"]) == 7
 
 
 def test_the_data_set_has_keywords_as_labels_and_words_as_features(tmp_path, registry):
