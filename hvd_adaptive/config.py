@@ -213,6 +213,12 @@ class OptimConfig:
     quarter-core ranks). auto, the default, is the rule: it reached the benchmark's targets
     sooner than the probe on every workload, mode and target measured (docs/benchmark.md,
     "Settings chosen by the tool")."""
+    lr_scale: float = 1.0
+    """Multiplies the rate optim.lr auto chooses (rule or probe), for every mode and the plain
+    Horovod script alike; recorded and printed with the choice. The rule's rate is the fastest
+    to the benchmark's early targets; the last points of accuracy want a lower one (0.5 with
+    a wider layer and dropout reached the label tree on the npm data: docs/accuracy.md, "Up to
+    the tree"). A pinned rate is used as given: set one or the other."""
     momentum: float = 0.9
     """Momentum coefficient (name: momentum)."""
     beta1: float = 0.9
@@ -247,8 +253,14 @@ class OptimConfig:
         if self.initial_accumulator < 0:
             raise ConfigError(f"{path}.initial_accumulator: must be >= 0, got "
                               f"{self.initial_accumulator}")
+        _positive(self, path, "lr_scale")
         if self.lr != "auto":
             _positive(self, path, "lr")
+            if self.lr_scale != 1.0:
+                raise ConfigError(
+                    f"{path}.lr_scale: scales the rate {path}.lr auto chooses, but {path}.lr is "
+                    f"pinned at {self.lr:g}; pin the rate you want ({self.lr * self.lr_scale:g}?) "
+                    "or set lr auto")
         elif self.initial_accumulator > 0 and self.name in ("adagrad", "rowwise_adagrad"):
             # The probe's centre and its 32 steps assume Adagrad's first steps of about lr.
             raise ConfigError(

@@ -125,6 +125,7 @@ class LrChoice:
     held_out_rows: int
     judged_labels: int     # labels the judge scored (`judge_labels`; every label where as many)
     seconds: float         # the probe's wall time on the slowest rank, all of it (charged to the clock)
+    scale: float = 1.0     # optim.lr_scale, in `lr`
 
     def record(self) -> dict:
         def short(v):
@@ -134,11 +135,13 @@ class LrChoice:
     def line(self) -> str:
         tried = ", ".join(f"{c:g}: {l:.4f}/{p:.4f}" for c, l, p in
                           zip(self.candidates, self.losses, self.p_at_5))
-        alike = "" if self.lr in self.candidates else ", between the two best, judged alike"
-        return (f"optim.lr auto: {self.lr:g}{alike} (held-out loss/P@5 of {self.held_out_rows} "
-                f"rows over {self.judged_labels} labels after {self.steps} steps of "
-                f"{self.rows // max(self.steps, 1)} rows, loss from {self.start_loss:.4f}: "
-                f"{tried}; {self.seconds:.2f} s, charged to the clock)")
+        picked = self.lr / self.scale
+        alike = ("" if any(math.isclose(picked, c) for c in self.candidates)
+                 else ", between the two best, judged alike")
+        return (f"optim.lr auto: {self.lr:g}{alike}{scaled(self.scale)} (held-out loss/P@5 of "
+                f"{self.held_out_rows} rows over {self.judged_labels} labels after {self.steps} "
+                f"steps of {self.rows // max(self.steps, 1)} rows, loss from "
+                f"{self.start_loss:.4f}: {tried}; {self.seconds:.2f} s, charged to the clock)")
 
 
 def copies(variables: Sequence) -> list[np.ndarray]:
@@ -255,6 +258,7 @@ class RuleChoice:
     width: int             # the output layer's fan-in
     seconds: float         # the slowest rank's, charged to the clock
     method: str = "rule"
+    scale: float = 1.0     # optim.lr_scale, in `lr`
 
     def record(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -267,7 +271,8 @@ class RuleChoice:
         loss = f", times {SAMPLED_STEP:.4g} for the sampled loss" if self.sampled else ""
         return (f"optim.lr auto: {self.lr:g} (the rule: {ADAGRAD_STEP:g} over the square root of "
                 f"the median L1 norm, {self.median_l1:.4g}, of {self.rows} training rows"
-                f"{labels}{wide}{loss}; {self.seconds:.3f} s, charged to the clock)")
+                f"{labels}{wide}{loss}{scaled(self.scale)}; {self.seconds:.3f} s, charged to "
+                "the clock)")
 
 
 def uses_rule(cfg) -> bool:
@@ -291,7 +296,15 @@ def auto_choice(cfg, ds, allgather: Callable[[object], list],
     and judge); None when the rate is pinned."""
     if cfg.optim.lr != "auto":
         return None
-    return rule(cfg, ds, allgather) if uses_rule(cfg) else search_with()
+    choice = rule(cfg, ds, allgather) if uses_rule(cfg) else search_with()
+    choice.scale = cfg.optim.lr_scale
+    choice.lr *= choice.scale
+    return choice
+
+
+def scaled(scale: float) -> str:
+    """The words a choice's line gives optim.lr_scale (none at 1)."""
+    return f", times optim.lr_scale {scale:g}" if scale != 1.0 else ""
 
 
 def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:

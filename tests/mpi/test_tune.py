@@ -184,8 +184,8 @@ def test_tune_prints_the_choice_which_moves_with_the_feature_scale_and_refuses_n
 
 def test_the_rule_moves_with_the_feature_scale_costs_no_training_and_refuses_no_labels(tmp_path):
     """optim.lr_choice rule on 2 ranks (`tune`): the rate read from the rows, printed and
-    recorded, no probe; 16 times the feature values, a quarter of the rate; no labels, an
-    error."""
+    recorded, no probe; 16 times the feature values, a quarter of the rate; a 512-wide layer
+    or optim.lr_scale 0.5, half; no labels, an error."""
     chosen = {}
     for scale in (1.0, 16.0):
         p = _tune(tmp_path, f"rule{scale:g}", *_files(tmp_path, scale), sets=RULE)
@@ -206,6 +206,12 @@ def test_the_rule_moves_with_the_feature_scale_costs_no_training_and_refuses_no_
     wide = records(tmp_path / "rule-wide", "start")[0]["lr_choice"]
     assert wide["width"] == 512 and wide["lr"] == pytest.approx(chosen[1.0] / 2, rel=1e-4), wide
     assert "and over (512 hidden units / 128) ** 0.5" in p.stdout, p.stdout
+    # optim.lr_scale 0.5: half the rule's rate on every rank, recorded and said.
+    p = _tune(tmp_path, "rule-half", *same, sets=(*RULE, "optim.lr_scale=0.5"))
+    assert p.returncode == 0, explain(p)
+    half = records(tmp_path / "rule-half", "start")[0]["lr_choice"]
+    assert half["scale"] == 0.5 and half["lr"] == pytest.approx(chosen[1.0] / 2, rel=1e-4), half
+    assert ", times optim.lr_scale 0.5;" in p.stdout, p.stdout
     p = _tune(tmp_path, "rule-nolabels", *_files(tmp_path, 1.0, labels=False), sets=RULE)
     assert p.returncode != 0
     assert re.search(r"optim.lr=auto: none of the [0-9]+ training rows the rule reads has a "

@@ -72,6 +72,9 @@ def test_whether_a_run_sleeps_is_read_from_the_config(hetero, sleeps):
     ("train:\n  algorithm: adaptive\nadaptive:\n  merge_momentum: 0.5\nmerge:\n  overlap: true\n",
      "merge.overlap: block momentum"),
     ("adaptive:\n  merge_lr: 0\n", "adaptive.merge_lr: must be in (0, 1]"),
+    ("optim:\n  lr: 0.05\n  lr_scale: 0.5\n", "optim.lr_scale: scales the rate optim.lr auto "
+     "chooses, but optim.lr is pinned at 0.05; pin the rate you want (0.025?)"),
+    ("optim:\n  lr_scale: 0\n", "optim.lr_scale"),
     ("checkpoint:\n  keep: -1\n", "checkpoint.keep: must be >= 0"),
     ("checkpoint:\n  keep: 0\n  every: 4\n", "checkpoint.every: 4 with checkpoint.keep 0"),
     ("checkpoint:\n  keep: 0\n  resume: auto\n", "checkpoint.resume: auto (--resume) with checkpoint.keep 0"),

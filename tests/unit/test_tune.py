@@ -298,6 +298,30 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
         tune.rule(cfg, _rows(3000, labels=0), allgather)
 
 
+def test_optim_lr_scale_multiplies_the_rule_s_and_the_probe_s_choice_and_says_so():
+    """optim.lr_scale multiplies what optim.lr auto chose, by the rule or by the probe, records
+    the factor and says it; at 1 nothing is said; a pinned rate has no choice to scale."""
+    cfg = load_config("configs/tiny.yaml", ["optim.name=rowwise_adagrad", "optim.lr=auto"])[0]
+    half = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr_scale=0.5))
+    one = tune.auto_choice(cfg, _rows(3000), lambda x: [x], None)
+    got = tune.auto_choice(half, _rows(3000), lambda x: [x], None)
+    assert got.method == "rule" and got.lr == pytest.approx(one.lr / 2)
+    assert got.record()["scale"] == 0.5 and one.record()["scale"] == 1.0
+    assert f"optim.lr auto: {got.lr:g} (the rule" in got.line()
+    assert ", times optim.lr_scale 0.5;" in got.line() and "lr_scale" not in one.line()
+
+    def searched():  # what the probe would return: 0.1 best of its candidates
+        return tune.LrChoice(lr=0.1, candidates=[0.05, 0.1, 0.2], losses=[2.0, 1.5, 1.7],
+                             p_at_5=[0.1, 0.2, 0.15], start_loss=3.0, ranks=[0, 1, 0], steps=32,
+                             rows=2048, held_out_rows=512, judged_labels=40, seconds=0.5)
+    probe_cfg = dataclasses.replace(half, optim=dataclasses.replace(half.optim, lr_choice="probe"))
+    probed = tune.auto_choice(probe_cfg, _rows(3000), lambda x: [x], searched)
+    assert probed.lr == pytest.approx(0.05) and probed.record()["scale"] == 0.5
+    assert probed.line().startswith("optim.lr auto: 0.05, times optim.lr_scale 0.5 (held-out")
+    pinned = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=0.05))
+    assert tune.auto_choice(pinned, _rows(3000), lambda x: [x], None) is None
+
+
 def test_the_probe_is_taken_where_asked_for_or_for_other_optimizers():
     def cfg(*sets):  # model.output as the run resolves it
         return load_config("configs/tiny.yaml", ["optim.lr=auto", "model.output=full", *sets])[0]
