@@ -17,7 +17,8 @@ highest rate while the pick is there and does not bracket the best with its neig
 shared by the ranks' measured speeds (`split`), and every rank takes the same choice from one
 allgather of the judgements a round.
 The probe runs inside each rank's slowdown and its seconds are charged to the run's clock: what
-a choice costs counts in the time to a target.
+a choice costs counts in the time to a target. Either choice's rate is then multiplied by
+optim.lr_scale (1 by default; `auto_choice`).
 
 The rule, the candidates, the probe's size, the judge's top labels (`top_labels`) and its first
 run before the clock (`warm_up`) are the module's; how a candidate trains and how its held-out
@@ -293,7 +294,7 @@ def auto_choice(cfg, ds, allgather: Callable[[object], list],
            search_with: Callable[[], LrChoice]) -> Optional[LrChoice | RuleChoice]:
     """`optim.lr: auto`'s choice for the training rows `ds`: the rule's (`rule`) where
     `uses_rule`, else what `search_with()` returns (the caller's `search` with its own step
-    and judge); None when the rate is pinned."""
+    and judge), its rate times optim.lr_scale (`scale`); None when the rate is pinned."""
     if cfg.optim.lr != "auto":
         return None
     choice = rule(cfg, ds, allgather) if uses_rule(cfg) else search_with()
