@@ -314,10 +314,13 @@ def test_optim_lr_scale_multiplies_the_rule_s_and_the_probe_s_choice_and_says_so
         return tune.LrChoice(lr=0.1, candidates=[0.05, 0.1, 0.2], losses=[2.0, 1.5, 1.7],
                              p_at_5=[0.1, 0.2, 0.15], start_loss=3.0, ranks=[0, 1, 0], steps=32,
                              rows=2048, held_out_rows=512, judged_labels=40, seconds=0.5)
-    probe_cfg = dataclasses.replace(half, optim=dataclasses.replace(half.optim, lr_choice="probe"))
+    # A factor that lands off the candidates' grid: the line still tells the probe's pick (a
+    # candidate) from a rate between two.
+    probe_cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr_choice="probe",
+                                                                   lr_scale=0.3))
     probed = tune.auto_choice(probe_cfg, _rows(3000), lambda x: [x], searched)
-    assert probed.lr == pytest.approx(0.05) and probed.record()["scale"] == 0.5
-    assert probed.line().startswith("optim.lr auto: 0.05, times optim.lr_scale 0.5 (held-out")
+    assert probed.lr == pytest.approx(0.03) and probed.record()["scale"] == 0.3
+    assert probed.line().startswith("optim.lr auto: 0.03, times optim.lr_scale 0.3 (held-out")
     pinned = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=0.05))
     assert tune.auto_choice(pinned, _rows(3000), lambda x: [x], None) is None
 
