@@ -835,8 +835,22 @@ def load_config(path: Optional[str | Path] = None, overrides: tuple[str, ...] | 
         cfg = _build(Config, raw, "")
         cfg.validate()
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}" if path else str(e)) from None
+        raise ConfigError(f"{_origin(str(e), path, overrides)}: {e}") from None
     return cfg, extras
+
+
+def _origin(message: str, path: Optional[str | Path], overrides) -> str:
+    """Where the value a config error is about came from: the `--set` items that gave the key
+    the message starts with (or a key below or above it), else the config file. Without a file
+    the built-in defaults are valid, so the `--set` items are the cause."""
+    key = message.split(":", 1)[0].split(" ", 1)[0]
+
+    def about(item: str) -> bool:
+        k = item.split("=", 1)[0].strip()
+        return k == key or k.startswith(key + ".") or key.startswith(k + ".")
+
+    given = [item for item in overrides if about(item)] or ([] if path else list(overrides))
+    return "--set " + ", --set ".join(given) if given else str(path or "the built-in defaults")
 
 
 def resolve(cfg: Config, threads: int) -> Config:

@@ -98,6 +98,28 @@ def test_bad_override_and_missing_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
 
 
+def test_an_error_names_where_its_value_came_from_the_set_item_or_the_file(tmp_path):
+    p = write(tmp_path, "optim:\n  eps: 1.0e-7\ntrain:\n  epochs: -1\n")
+    # The file's bad value, with an unrelated --set: the file is named, not the --set.
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["optim.lr=0.1"])
+    assert str(e.value).startswith(f"{p}: train.epochs")
+    # A bad value from --set over a good file: the --set item is named, not the file.
+    p = write(tmp_path, "optim:\n  eps: 1.0e-7\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["train.epochs=2", "optim.lr_scale=0"])
+    assert str(e.value).startswith("--set optim.lr_scale=0: optim.lr_scale")
+    assert str(p) not in str(e.value)
+    # A section given whole by --set, and an unknown key under it.
+    with pytest.raises(ConfigError) as e:
+        load_config(p, ["optim={lr: 0.1, nope: 1}"])
+    assert str(e.value).startswith("--set optim={lr: 0.1, nope: 1}: optim.nope: unknown key")
+    # Without a file every default is valid: the --set items are the cause, named.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["checkpoint.keep=0", "checkpoint.every=4"])
+    assert str(e.value).startswith("--set checkpoint.every=4: checkpoint.every: 4 with")
+
+
 def test_extra_sections_pass_through(tmp_path):
     p = write(tmp_path, "sweep:\n  grid: {optim.lr: [0.1, 0.2]}\n")
     cfg, extras = load_config(p, extra_sections=("sweep",))
