@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from hvd_adaptive.bench.measure import code_line
 from hvd_adaptive.bench.speed import run_one
 
 
@@ -106,6 +107,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     print(f"accuracy: {args.name} ({args.config} {' '.join(args.set)}), {args.seeds} seed(s), "
           f"{args.ranks} ranks", flush=True)
+    code = code_line()
+    print(f"accuracy: {code}", flush=True)
     print(f"{'seed':>6} {'kept_model':>10} " + " ".join(f"{c:>16}" for c in COLUMNS), flush=True)
     rows = [run_seed(args, r, lambda s: print(s, flush=True))
             for r in range(args.first_seed, args.first_seed + args.seeds)]
@@ -113,7 +116,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(line(med), flush=True)
     print(f"accuracy: {args.name} done in {time.time() - t0:.0f} s", flush=True)
     out = Path(args.out) / f"accuracy-{args.name}.json"
-    out.write_text(json.dumps({"name": args.name, "config": args.config, "sets": args.set,
+    out.write_text(json.dumps({"name": args.name, "config": args.config, "sets": args.set, "code": code,
                                "rows": rows, "median": med}, indent=1) + "\n")
     return 0
 

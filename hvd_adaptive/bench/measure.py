@@ -7,11 +7,39 @@ A run here is {"summary": summary.json, "evals": the eval records, "start": the 
 from __future__ import annotations
 
 import statistics
+import subprocess
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 PARTS = ("batch_s", "compute_s", "comm_s", "sync_s", "wait_s")
+
+
+def code_line() -> str:
+    """Which code the benchmark's runs train with: the hvd_adaptive package this process
+    imported (the runs are started with the same interpreter, working folder and environment,
+    so they import the same one; `python -m` puts the working folder first on sys.path, ahead of
+    PYTHONPATH), its git commit and the files changed since. A patched worktree on PYTHONPATH
+    with the benchmark started from another checkout shows here as that checkout."""
+    import hvd_adaptive
+
+    package = Path(hvd_adaptive.__file__).resolve().parent
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            p = subprocess.run(["git", "-C", str(package.parent), *args], capture_output=True,
+                               text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return p.stdout.strip() if p.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit is None:
+        return f"code: {package} (not in a git checkout)"
+    changed = git("status", "--porcelain", "--", str(package)) or ""
+    n = len(changed.splitlines())
+    return f"code: {package} at commit {commit}" + (f", {n} file(s) changed since" if n else "")
 
 
 def time_to_target(evals: list[dict], target: float, key: str = "wall_s") -> Optional[float]:

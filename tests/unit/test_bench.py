@@ -240,3 +240,45 @@ def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best(
     assert latest_within_se_gap(evals, 10_000) == pytest.approx(2.0)
     lines = table([evals, evals], over=0.5, val_rows=[50, 10_000]).splitlines()
     assert lines[-1].split()[-5:] == ["2", "1.50", "1.50", "2.00", "2"], lines[-1]
+
+
+def _code_line_from(folder: Path) -> str:
+    """code_line as a benchmark started with `python -m` from `folder` prints it."""
+    import subprocess
+    import sys
+    src = "from hvd_adaptive.bench.measure import code_line; print(code_line())"
+    p = subprocess.run([sys.executable, "-c", src], cwd=folder, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_the_code_line_names_the_package_the_runs_import_its_commit_and_changes(tmp_path):
+    import shutil
+    import subprocess
+
+    import hvd_adaptive
+    from hvd_adaptive.bench.measure import code_line
+
+    # This checkout: its package folder and its commit.
+    package = Path(hvd_adaptive.__file__).resolve().parent
+    head = subprocess.run(["git", "-C", str(package.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert code_line().startswith(f"code: {package} at commit {head}")
+    # Another copy in the working folder is the one imported (ahead of the installed one), and
+    # the line says so: first outside git, then committed, then with a file changed.
+    other = tmp_path / "checkout"
+    shutil.copytree(package, other / "hvd_adaptive",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert _code_line_from(other) == f"code: {other / 'hvd_adaptive'} (not in a git checkout)"
+    git = ["git", "-C", str(other), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "copy"], check=True)
+    mine = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert _code_line_from(other) == f"code: {other / 'hvd_adaptive'} at commit {mine}"
+    with open(other / "hvd_adaptive" / "__init__.py", "a") as f:
+        f.write("# a patch\n")
+    assert _code_line_from(other) == (f"code: {other / 'hvd_adaptive'} at commit {mine}, "
+                                      "1 file(s) changed since")
