@@ -60,6 +60,21 @@ def time_to_target(evals: list[dict], target: float, key: str = "wall_s") -> Opt
     return None
 
 
+FEW_EVALS = 3
+"""Fewer evaluations than this before a run reaches the target leave its time to the target an
+interpolation across long chords of a bending curve (on the npm data at the config's 0.25
+epochs, one or two before each target put adaptive SGD 0.1x further behind `sync` under a quota
+than evaluations every 0.05 epochs, three to twelve: docs/benchmark.md, "How it measures")."""
+
+
+def evals_before(evals: list[dict], target: float) -> Optional[int]:
+    """How many evaluations came before the first that reached `target` (None: none reached it)."""
+    for i, e in enumerate(evals):
+        if e["p_at_1"] >= target:
+            return i
+    return None
+
+
 def measures(run: dict, target: float, limit: Optional[dict] = None) -> dict:
     """One run's figures: time and samples to target, rates, efficiency, time breakdown; with
     a scenario's `limit` (see `limits`) also efficiency against its rates and the fraction of

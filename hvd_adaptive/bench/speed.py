@@ -64,8 +64,8 @@ from typing import Optional, Sequence
 
 from hvd_adaptive.train.algorithms import ALGORITHMS
 from hvd_adaptive.bench import scaling
-from hvd_adaptive.bench.measure import (code_line, limits, lower_quartile, measures, median, span, time_span,
-                                        time_to_target)
+from hvd_adaptive.bench.measure import (FEW_EVALS, code_line, evals_before, limits, lower_quartile,
+                                        measures, median, span, time_span, time_to_target)
 from hvd_adaptive.bench.output import align
 from hvd_adaptive.train.records import METRICS, SUMMARY, load_run
 from hvd_adaptive.train.run import mpirun_command
@@ -211,6 +211,15 @@ def table(results: dict, target: float, phases: Optional[dict] = None,
             seeds.append([name, *times, *[""] * (reps - len(times))])
         lines.append("  per seed, in the order of the seeds: seconds to the target (learning rate)\n"
                      + align(seeds, text_columns=1))
+        few = {name: median([evals_before(r["evals"], target) for r in runs])
+               for name, runs in algos.items()}
+        few = {name: n for name, n in few.items() if n is not None and n < FEW_EVALS}
+        if few:
+            lines.append("  few evaluations before the target (median of the seeds): "
+                         + ", ".join(f"{name} {n:g}" for name, n in few.items())
+                         + "; its time is interpolated across long stretches of the curve: "
+                         "evaluate more often (--set train.eval_every=...; adaptive and local "
+                         "SGD evaluate at the first window's end after each mark)")
     return "\n".join(lines)
 
 

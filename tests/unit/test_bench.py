@@ -282,3 +282,19 @@ def test_the_code_line_names_the_package_the_runs_import_its_commit_and_changes(
         f.write("# a patch\n")
     assert _code_line_from(other) == (f"code: {other / 'hvd_adaptive'} at commit {mine}, "
                                       "1 file(s) changed since")
+
+
+def test_the_table_warns_when_few_evaluations_come_before_the_target():
+    # Two evaluations below the target, then the one that reaches it: flagged, with the count.
+    coarse = {"even": {"sync": [run([0.2, 0.3, 0.5], 1.0), run([0.1, 0.5], 1.0)],
+                       "adaptive": [run([0.1, 0.2, 0.3, 0.5], 1.0)] * 2}}
+    text = table(coarse, 0.45)
+    warned = [line for line in text.splitlines() if "few evaluations before the target" in line]
+    assert len(warned) == 1, text
+    named = warned[0].split(";")[0]  # the contenders flagged, with their medians
+    assert named.endswith("sync 1.5") and "adaptive" not in named, named
+    assert "train.eval_every" in warned[0]
+    # Every contender with at least FEW_EVALS evaluations on the curve: no warning; nor for
+    # runs that never reached the target (nothing interpolated).
+    fine = {"even": {"sync": [run([0.1, 0.2, 0.3, 0.5], 1.0)], "local": [run([0.1, 0.2], 1.0)]}}
+    assert "few evaluations" not in table(fine, 0.45)
