@@ -316,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {}
     targets = a.target
     t0 = time.time()
-    print(f"[bench] {code_line()}", flush=True)
+    a.code = code_line()  # the code the runs train with, once (bench.txt's second line too)
+    print(f"[bench] {a.code}", flush=True)
     if targets is None:  # sync's full run fixes the targets; every other run stops at the highest
         print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
         ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                                  a.reuse)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set or 'none'}\n"
-            f"{code_line()}\n"
+            f"{a.code}\n"
             + "\n".join(table(results, t, phases, a.reference) for t in targets) + "\n")
     print(text)
     (out / "bench.txt").write_text(text)
@@ -390,7 +391,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
                                  a.reuse)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
-            f"seeds {seeds}, overrides {a.set or 'none'}\n{code_line()}\n"
+            f"seeds {seeds}, overrides {a.set or 'none'}\n{a.code}\n"
             f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
             "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
     data = {target: scaling.rows(results, target, reference) for target in targets}

@@ -15,6 +15,9 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     assert p.returncode == 0, explain(p)
     assert "horovod skipped in the slowed scenario" in p.stdout, p.stdout
     text = (out / "bench.txt").read_text()
+    # The code the runs trained with: printed first, and bench.txt's second line.
+    assert p.stdout.startswith("[bench] code: "), p.stdout[:300]
+    assert text.splitlines()[1].startswith("code: ") and "hvd_adaptive at commit" in text, text
     even, slowed = text.split("\nrank 1 slowed")
     row = next(line.split() for line in even.splitlines() if line.startswith("horovod"))
     assert row[1] != "-" and float(row[1]) > 0, text  # it reached P@1 0.6: seconds to it

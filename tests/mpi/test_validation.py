@@ -210,7 +210,9 @@ def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(noisy_files,
                         "--set", f"data.test={test_txt}", "--out", str(tmp_path)],
                        cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
-    (row,) = json.loads((tmp_path / "accuracy-t.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "accuracy-t.json").read_text())
+    assert saved["code"].startswith(f"code: {REPO / 'hvd_adaptive'}"), saved["code"]  # what ran
+    (row,) = saved["rows"]
     assert row["seed"] == 1  # --first-seed: seed 1's run (train.seed 1, model.init_seed 2)
     config = json.loads((tmp_path / "t-r1" / "config.json").read_text())
     assert (config["train"]["seed"], config["model"]["init_seed"]) == (1, 2)
