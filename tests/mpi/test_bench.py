@@ -10,7 +10,7 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
                  "--algorithms", "sync", "horovod", "--scenarios", "even", "slowed", "--slowdown", "2",
                  "--target", "0.6", "--set", "optim.lr=auto", "--set", "optim.lr_choice=probe",
-                 "--out", str(out)], timeout=300,
+                 "--eval-every", "0.5", "--out", str(out)], timeout=300,
                 env=mpi_env())
     assert p.returncode == 0, explain(p)
     assert "horovod skipped in the slowed scenario" in p.stdout, p.stdout
@@ -28,6 +28,13 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     assert float(row[head.index("probe")]) > 0, text  # optim.lr auto's seconds, on its clock
     assert not any(line.startswith("horovod") for line in slowed.splitlines()), text
     assert (out / "even-horovod-r0" / "summary.json").is_file()
+    # Every run, the plain script's too, evaluated on the benchmark's grid, not tiny.yaml's 2.0
+    import json
+
+    runs = sorted(d for d in out.iterdir() if d.is_dir())
+    assert [d.name for d in runs] == ["even-horovod-r0", "even-sync-r0", "slowed2-sync-r0"], runs
+    for d in runs:
+        assert json.loads((d / "config.json").read_text())["train"]["eval_every"] == 0.5, d
 
 
 def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(tmp_path):
@@ -42,7 +49,8 @@ def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(t
     out = tmp_path / "scaling"
     p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
                  "--scaling", "1", "2", "--core", "0.5", "--profiles", "equal",
-                 "--algorithms", "horovod", "sync", "--target", "0.4", "0.6", "--out", str(out)],
+                 "--algorithms", "horovod", "sync", "--target", "0.4", "0.6", "--eval-every", "1",
+                 "--out", str(out)],
                 timeout=300, env=mpi_env())
     assert p.returncode == 0, explain(p)
     assert sorted(d.name for d in out.iterdir() if d.is_dir()) == [

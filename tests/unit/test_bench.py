@@ -213,6 +213,23 @@ def test_a_reference_that_is_not_a_contender_is_refused_before_any_run(tmp_path)
     assert not (tmp_path / "b").exists()
 
 
+def test_every_run_evaluates_on_the_benchmarks_grid_unless_a_set_item_says_otherwise(tmp_path):
+    """--eval-every (0.05 epochs by default) goes first among every run's overrides: it replaces
+    the config's train.eval_every (tiny.yaml's 2.0), a --set of the key still wins, and a grid
+    of 0 is refused before any run. (tests/mpi/test_bench.py reads it back from the runs.)"""
+    from hvd_adaptive.bench.speed import EVAL_EVERY, grid_sets, main
+    from hvd_adaptive.config import load_config
+
+    cfg, _ = load_config("configs/tiny.yaml", grid_sets(EVAL_EVERY, ["optim.lr=0.1"]))
+    assert cfg.train.eval_every == EVAL_EVERY == 0.05 and cfg.optim.lr == 0.1
+    cfg, _ = load_config("configs/tiny.yaml", grid_sets(0.5, ["train.eval_every=0.25"]))
+    assert cfg.train.eval_every == 0.25
+    with pytest.raises(SystemExit, match="--eval-every 0: must be above 0"):
+        main(["--config", "configs/tiny.yaml", "--algorithms", "sync", "--target", "0.5",
+              "--eval-every", "0", "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b").exists()
+
+
 def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best():
     """bench.keep_rules: the gap is the best test P@1 less the test P@1 of the evaluation a rule
     picks, in points; neighbour averaging smooths a lone validation peak away."""
@@ -293,7 +310,7 @@ def test_the_table_warns_when_few_evaluations_come_before_the_target():
     assert len(warned) == 1, text
     named = warned[0].split(";")[0]  # the contenders flagged, with their medians
     assert named.endswith("sync 1.5") and "adaptive" not in named, named
-    assert "train.eval_every" in warned[0]
+    assert "--eval-every" in warned[0]
     # Every contender with at least FEW_EVALS evaluations on the curve: no warning; nor for
     # runs that never reached the target (nothing interpolated).
     fine = {"even": {"sync": [run([0.1, 0.2, 0.3, 0.5], 1.0)], "local": [run([0.1, 0.2], 1.0)]}}
