@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name,
                                  a.reuse)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
-    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set or 'none'}\n"
+    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set}\n"
             f"{a.code}\n"
             + "\n".join(table(results, t, phases, a.reference) for t in targets) + "\n")
     print(text)
@@ -410,7 +410,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
                                  a.reuse)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
-            f"seeds {seeds}, overrides {a.set or 'none'}\n{a.code}\n"
+            f"seeds {seeds}, overrides {a.set}\n{a.code}\n"
             f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
             "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
     data = {target: scaling.rows(results, target, reference) for target in targets}
