@@ -190,6 +190,12 @@ def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
     return dataclasses.replace(model, output="full")
 
 
+# The largest optim.initial_accumulator lr auto takes with Adagrad: its rule and probe assume
+# first steps of about lr, which a start of s keeps for gradients above sqrt(s) (docs/accuracy.md,
+# "A small first accumulator").
+AUTO_MAX_INITIAL_ACCUMULATOR = 1e-6
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     name: Literal["sgd", "momentum", "adam", "adagrad", "rowwise_adagrad"] = "sgd"
@@ -232,8 +238,12 @@ class OptimConfig:
     initial_accumulator: float = 0.0
     """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
     Adagrad: 0.1). Above zero, a weight's first steps grow with its gradient,
-    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient;
-    lr auto, whose rule and probe assume the latter, refuses it (docs/accuracy.md)."""
+    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient:
+    gradients below its square root take smaller first steps. lr auto, whose rule and probe
+    assume steps of about lr, takes it up to AUTO_MAX_INITIAL_ACCUMULATOR (1e-9 to 1e-6 raised
+    the npm data's kept P@1 by 2 points at the rule's rate and cost the early targets 1.1-1.5x;
+    0.001 and above stopped the learning there: docs/accuracy.md, "A small first
+    accumulator")."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
     plateau: float = 1.0
@@ -261,13 +271,15 @@ class OptimConfig:
                     f"{path}.lr_scale: scales the rate {path}.lr auto chooses, but {path}.lr is "
                     f"pinned at {self.lr:g}; pin the rate you want ({self.lr * self.lr_scale:g}?) "
                     "or set lr auto")
-        elif self.initial_accumulator > 0 and self.name in ("adagrad", "rowwise_adagrad"):
+        elif (self.initial_accumulator > AUTO_MAX_INITIAL_ACCUMULATOR
+              and self.name in ("adagrad", "rowwise_adagrad")):
             # The probe's centre and its 32 steps assume Adagrad's first steps of about lr.
             raise ConfigError(
-                f"{path}.lr: auto needs {path}.initial_accumulator 0 with {self.name}, got "
+                f"{path}.lr: auto takes {path}.initial_accumulator up to "
+                f"{AUTO_MAX_INITIAL_ACCUMULATOR:g} with {self.name}, got "
                 f"{self.initial_accumulator:g}: its rule and probe assume Adagrad's first steps of "
-                "about lr, which accumulators above 0 shorten (docs/accuracy.md); pin optim.lr "
-                "or leave the accumulators at 0")
+                "about lr, which larger accumulators shorten (docs/accuracy.md); pin optim.lr "
+                "or start the accumulators lower")
         if self.weight_decay < 0:
             raise ConfigError(f"{path}.weight_decay: must be >= 0, got {self.weight_decay}")
         for k in ("momentum", "beta1", "beta2"):

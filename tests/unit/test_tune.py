@@ -584,15 +584,23 @@ def test_the_judge_runs_once_before_the_clock_on_the_shape_it_will_score():
     np.testing.assert_array_equal(calls[0], first)
 
 
-def test_auto_refuses_adagrad_accumulators_that_start_above_zero():
+def test_auto_refuses_adagrad_accumulators_that_start_large_and_takes_small_ones():
     """The probe assumes Adagrad's first steps of about lr: with optim.initial_accumulator 0.1 it
-    chose rates up to 2.44 that trained to P@1 0.16-0.56 (docs/accuracy.md). That pair is a
-    clear error naming both keys; a pinned rate, or an optimizer without accumulators, is not."""
+    chose rates up to 2.44 that trained to P@1 0.16-0.56 (docs/accuracy.md). A start above
+    AUTO_MAX_INITIAL_ACCUMULATOR with lr auto is a clear error naming both keys; a small start
+    (1e-9 keeps steps of about lr for gradients above 3e-5), a pinned rate, or an optimizer
+    without accumulators is not."""
     for name in ("adagrad", "rowwise_adagrad"):
-        with pytest.raises(ConfigError, match=r"optim.lr: auto needs optim.initial_accumulator 0 "
-                                              rf"with {name}, got 0.1: .*pin optim.lr"):
+        with pytest.raises(ConfigError, match=r"optim.lr: auto takes optim.initial_accumulator up "
+                                              rf"to 1e-06 with {name}, got 0.1: .*pin optim.lr"):
             load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
                                               "optim.initial_accumulator=0.1"])
+        with pytest.raises(ConfigError, match=r"got 1e-05"):
+            load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
+                                              "optim.initial_accumulator=1e-5"])
+        cfg = load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
+                                                "optim.initial_accumulator=1e-9"])[0]
+        assert (cfg.optim.lr, cfg.optim.initial_accumulator) == ("auto", 1e-9)
     assert load_config("configs/tiny.yaml", ["optim.name=adagrad", "optim.lr=0.1",
                                              "optim.initial_accumulator=0.1"])[0].optim.lr == 0.1
     assert load_config("configs/tiny.yaml", ["optim.name=sgd", "optim.lr=auto",
