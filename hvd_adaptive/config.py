@@ -244,6 +244,13 @@ class OptimConfig:
     the npm data's kept P@1 by 2 points at the rule's rate and cost the early targets 1.1-1.5x;
     0.001 and above stopped the learning there: docs/accuracy.md, "A small first
     accumulator")."""
+    initial_accumulator_rows: bool = True
+    """Whether the row-sparse layers (the input layer; the sampled output layer) start from
+    optim.initial_accumulator too. false: they start from 0 and the others (the hidden layers,
+    the full softmax's output layer, the biases) from initial_accumulator. On the npm data a
+    start of 1e-9 gained its 2 points of kept P@1 on those others, at 1.01-1.10x the time to the
+    early targets, where on the input layer it gained nothing and cost 1.37-1.54x
+    (docs/accuracy.md, "A small first accumulator")."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
     plateau: float = 1.0

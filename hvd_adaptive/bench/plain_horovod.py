@@ -213,8 +213,13 @@ class Optimizer(tf.Module):
         # rowwise_adagrad's one value a row: the input layer, and the sampled output layer.
         self.rows = rows if ocfg.name == "rowwise_adagrad" else ()
         shapes = [[v.shape[0], 1] if i in self.rows else v.shape for i, v in enumerate(variables)]
-        start = ocfg.initial_accumulator if ocfg.name in ("adagrad", "rowwise_adagrad") else 0.0
-        self.slots = [] if ocfg.name == "sgd" else [tf.Variable(tf.fill(s, start)) for s in shapes]
+        # Adagrad's accumulators start at optim.initial_accumulator, the row-sparse layers' (the
+        # input layer, the sampled output layer) at 0 under optim.initial_accumulator_rows false.
+        adagrad = ocfg.name in ("adagrad", "rowwise_adagrad")
+        starts = [ocfg.initial_accumulator if adagrad and (ocfg.initial_accumulator_rows or i not in rows)
+                  else 0.0 for i in range(len(variables))]
+        self.slots = ([] if ocfg.name == "sgd" else
+                      [tf.Variable(tf.fill(s, a)) for s, a in zip(shapes, starts)])
 
     def apply(self, grads, variables):
         c = self.cfg

@@ -332,6 +332,15 @@ def row_sums(x, seg, size):
     return tf.pad(h, [[0, size - tf.shape(h)[0]], [0, 0]])
 
 
+def initial_accumulator(cfg: OptimConfig, row_sparse: bool) -> float:
+    """The value a layer's optimizer state starts from: optim.initial_accumulator for Adagrad and
+    row-wise Adagrad, except on the row-sparse layers (the input layer, the sampled output layer)
+    under optim.initial_accumulator_rows false; 0 for the other optimizers."""
+    if cfg.name not in ("adagrad", "rowwise_adagrad") or (row_sparse and not cfg.initial_accumulator_rows):
+        return 0.0
+    return cfg.initial_accumulator
+
+
 def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     """Sums the rows of duplicated indices so per-row optimizer state updates once."""
     idx, pos = tf.unique(g.indices)
@@ -390,8 +399,9 @@ class Optimizer(tf.Module):
             raise ValueError("rowwise_adagrad needs the row axes of the model's layers (row_axes)")
         self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
         nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
-        start = cfg.initial_accumulator if cfg.name in ("adagrad", "rowwise_adagrad") else 0.0
-        self.slots = [[tf.Variable(tf.fill(self._slot_shape(v, axis), start), trainable=False)
+        self.slots = [[tf.Variable(tf.fill(self._slot_shape(v, axis),
+                                           initial_accumulator(cfg, axis is not None)),
+                                   trainable=False)
                        for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
 
     @classmethod

@@ -476,3 +476,26 @@ def test_the_shipped_workloads_resolve_the_loss_their_tables_were_measured_at():
     # ... and from 20,103 labels on, where it took 0.75-0.77 of the full softmax's time
     # (docs/scale.md, "Fewer labels")
     assert output_for(default, 20_103).output == "sampled"
+
+
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
+@pytest.mark.parametrize("sampled", [False, True])
+@pytest.mark.parametrize("rows", [True, False])
+def test_the_row_sparse_layers_start_at_zero_unless_initial_accumulator_rows(name, sampled, rows):
+    """optim.initial_accumulator starts every Adagrad state; with optim.initial_accumulator_rows
+    false the row-sparse layers' (the input layer; the sampled output layer) start at 0 and the
+    others' (hidden layer, full softmax output layer, biases) at the start, in the project's
+    optimizer and in the plain Horovod script's alike."""
+    from hvd_adaptive.bench import plain_horovod
+
+    rng = np.random.default_rng(7)
+    table, hidden, out, bias = (tf.Variable(rng.normal(size=s).astype(np.float32))
+                                for s in ((6, 3), (3, 3), (3, 5) if not sampled else (5, 3), (5,)))
+    variables = [table, hidden, out, bias]
+    cfg = OptimConfig(name=name, lr=0.1, initial_accumulator=0.5, initial_accumulator_rows=rows)
+    row_sparse = [True, False, sampled, False]
+    opt = Optimizer(variables, cfg, row_axes=[0 if r else None for r in row_sparse])
+    want = [0.0 if r and not rows else 0.5 for r in row_sparse]
+    assert [float(np.unique(s[0].numpy())[0]) for s in opt.slots] == want
+    plain = plain_horovod.Optimizer(cfg, variables, (0, 2) if sampled else (0,))
+    assert [float(np.unique(s.numpy())[0]) for s in plain.slots] == want
