@@ -230,27 +230,29 @@ class OptimConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-7
-    """Adagrad's and Adam's epsilon. Accumulators start at zero, so a weight's first update is
-    about lr whatever its gradient unless the gradient is small against eps; TensorFlow's Keras
-    optimizers use this value, and it keeps the first steps of rarely-pushed weights (every
-    negative label's output weights) smaller than a tenth of it would (docs/benchmark.md,
-    "Settings chosen by the tool")."""
-    initial_accumulator: float = 0.0
+    """Adagrad's and Adam's epsilon. The row-sparse layers' accumulators start at zero
+    (optim.initial_accumulator_rows), so a weight's first update there is about lr whatever its
+    gradient unless the gradient is small against eps; TensorFlow's Keras optimizers use this
+    value, and it kept the first steps of rarely-pushed weights (every negative label's output
+    weights, before they started from optim.initial_accumulator) smaller than a tenth of it
+    would (docs/benchmark.md, "Settings chosen by the tool")."""
+    initial_accumulator: float = 1e-9
     """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
-    Adagrad: 0.1). Above zero, a weight's first steps grow with its gradient,
-    lr g / sqrt(initial_accumulator + g^2), instead of being about lr whatever the gradient:
-    gradients below its square root take smaller first steps. lr auto, whose rule and probe
-    assume steps of about lr, takes it up to AUTO_MAX_INITIAL_ACCUMULATOR (1e-9 to 1e-6 raised
-    the npm data's kept P@1 by 2 points at the rule's rate and cost the early targets 1.1-1.5x;
-    0.001 and above stopped the learning there: docs/accuracy.md, "A small first
+    Adagrad: 0.1), on every layer but the row-sparse ones unless optim.initial_accumulator_rows.
+    Above zero, a weight's first steps grow with its gradient, lr g / sqrt(initial_accumulator
+    + g^2), instead of being about lr whatever the gradient: gradients below its square root
+    (3e-5 at 1e-9), such as the full softmax's on every negative label's output weights, take
+    smaller first steps. lr auto, whose rule and probe assume steps of about lr, takes it up to
+    AUTO_MAX_INITIAL_ACCUMULATOR. 1e-9 on those layers kept 2.2 points more P@1 on the npm data
+    at 1.01-1.10x the time to its early targets, and reached the PyPI and synthetic targets
+    sooner; 0.001 and above stopped the learning (docs/accuracy.md, "A small first
     accumulator")."""
-    initial_accumulator_rows: bool = True
+    initial_accumulator_rows: bool = False
     """Whether the row-sparse layers (the input layer; the sampled output layer) start from
-    optim.initial_accumulator too. false: they start from 0 and the others (the hidden layers,
-    the full softmax's output layer, the biases) from initial_accumulator. On the npm data a
-    start of 1e-9 gained its 2 points of kept P@1 on those others, at 1.01-1.10x the time to the
-    early targets, where on the input layer it gained nothing and cost 1.37-1.54x
-    (docs/accuracy.md, "A small first accumulator")."""
+    optim.initial_accumulator too. false, the default: they start from 0 and the others (the
+    hidden layers, the full softmax's output layer, the biases) from initial_accumulator. On
+    the npm data a start of 1e-9 on the input layer gained nothing and cost 1.37-1.54x the time
+    to the early targets (docs/accuracy.md, "A small first accumulator")."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
     plateau: float = 1.0

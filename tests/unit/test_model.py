@@ -499,3 +499,20 @@ def test_the_row_sparse_layers_start_at_zero_unless_initial_accumulator_rows(nam
     assert [float(np.unique(s[0].numpy())[0]) for s in opt.slots] == want
     plain = plain_horovod.Optimizer(cfg, variables, (0, 2) if sampled else (0,))
     assert [float(np.unique(s.numpy())[0]) for s in plain.slots] == want
+
+
+def test_the_default_config_starts_every_layer_but_the_input_layer_above_zero():
+    """configs/default.yaml (row-wise Adagrad, the full softmax at 13,402 labels): the input
+    layer's accumulators start at 0, so its first steps are about lr as the rate's rule assumes;
+    the hidden and output layers' and the biases' at optim.initial_accumulator, above 0, so the
+    tiny gradients of every negative label's output weights take small first steps."""
+    from hvd_adaptive.config import load_config
+
+    cfg = load_config("configs/default.yaml", [])[0]
+    model = SparseMLP(50, 40, cfg.model)
+    opt = Optimizer.for_model(model, cfg.optim)
+    starts = [float(np.unique(s[0].numpy())[0]) for s in opt.slots]
+    start = float(np.float32(cfg.optim.initial_accumulator))  # the slots are float32
+    assert start > 0
+    assert starts == [0.0 if axis is not None else start for axis in model.row_axes]
+    assert starts[0] == 0.0 and model.row_axes[0] == 0  # the input layer
