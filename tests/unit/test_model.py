@@ -195,7 +195,8 @@ def test_rowwise_adagrad_follows_its_formula_dense_and_row_sparse(start):
     rng = np.random.default_rng(5)
     out, table, bias = (tf.Variable(rng.normal(size=s).astype(np.float32)) for s in ((3, 4), (6, 2), (4,)))
     opt = Optimizer([out, table, bias], OptimConfig(name="rowwise_adagrad", lr=0.1, eps=1e-7,
-                                                    initial_accumulator=start),
+                                                    initial_accumulator=start,
+                                                    initial_accumulator_rows=True),
                     row_axes=[1, 0, None])
     assert [s[0].shape.as_list() for s in opt.slots] == [[1, 4], [6, 1], [4]]
     want = [x.numpy().astype(np.float64) for x in (out, table, bias)]
