@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=["sync", "sync_prop", "adaptive"],
                     choices=sorted(CONTENDERS))
     ap.add_argument("--variant", action="append", default=[],
-                    help="an extra contender: NAME=section.key=value[,section.key=value]")
+                    help="an extra contender: NAME=section.key=value[,section.key=value]; its "
+                         "items come before --eval-every's and every --set, which win on the same key")
     ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=SCENARIOS)
     ap.add_argument("--target", type=float, nargs="+", default=None,
                     help="P@1 targets, a table each; runs stop at the highest (default: 80%% and "
