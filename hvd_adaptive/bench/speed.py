@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=sorted(CONTENDERS))
     ap.add_argument("--variant", action="append", default=[],
                     help="an extra contender: NAME=section.key=value[,section.key=value]; its "
-                         "items come before --eval-every's and every --set, which win on the same key")
+                         "items come after --eval-every's (a variant's train.eval_every wins) and "
+                         "a --set of a key a contender sets itself is refused")
     ap.add_argument("--scenarios", nargs="+", default=["even", "slowed"], choices=SCENARIOS)
     ap.add_argument("--target", type=float, nargs="+", default=None,
                     help="P@1 targets, a table each; runs stop at the highest (default: 80%% and "
@@ -313,11 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", nargs="+", default=["equal", "half"], choices=["equal", "half"],
                     help="--scaling: the cluster profiles to run")
     a = ap.parse_args(argv)
-    a.set = grid_sets(a.eval_every, a.set)
+    grid_sets(a.eval_every, [])  # a grid of 0 is refused before anything runs
     if a.scaling and (min(a.scaling) < 1 or a.core <= 0):
         raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
     contenders = {name: CONTENDERS[name] for name in a.algorithms}
     contenders.update(parse_variants(a.variant))
+    refuse_set_over_contender(contenders, a.set)
     if a.reference is not None and a.reference not in contenders:
         raise SystemExit(f"--reference {a.reference}: not a contender of this run ({', '.join(contenders)})")
     a.reference = a.reference or reference_of(contenders)
@@ -332,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] {a.code}", flush=True)
     if targets is None:  # sync's full run fixes the targets; every other run stops at the highest
         print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
-        ref = run_one(a.config, a.ranks, CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
+        ref = run_one(a.config, a.ranks,
+                      grid_sets(a.eval_every, CONTENDERS["sync"] + a.set) + seed_sets(seeds[0]),
                       out / "reference-sync", reuse=a.reuse)
         final = ref["summary"]["final"]["p_at_1"]
         targets = [0.8 * final, 0.9 * final]
@@ -359,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                     if rep == 0:
                         print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)
                     continue
-                run_sets = sets + a.set + scen_sets + seed_sets(seeds[rep]) + [f"train.target_p_at_1={target}"]
+                run_sets = (grid_sets(a.eval_every, sets + a.set) + scen_sets + seed_sets(seeds[rep])
+                            + [f"train.target_p_at_1={target}"])
                 if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
                     run_sets.append(f"hogbatch.cpu_ranks=[{a.ranks - 1}]")
@@ -368,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name,
                                  a.reuse)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
-    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, overrides {a.set}\n"
+    text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, "
+            f"overrides {grid_sets(a.eval_every, a.set)}\n"
             f"{a.code}\n"
             + "\n".join(table(results, t, phases, a.reference) for t in targets) + "\n")
     print(text)
@@ -379,11 +384,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def grid_sets(eval_every: float, sets: list[str]) -> list[str]:
-    """Every run's extra overrides: the benchmark's evaluation grid first, so that a
-    `--set train.eval_every=...` among `sets` wins."""
+    """A run's overrides from the command line: the benchmark's evaluation grid first, so that a
+    contender's or a `--set`'s train.eval_every among `sets` (its items, then every --set) wins."""
     if not eval_every > 0:
         raise SystemExit(f"--eval-every {eval_every:g}: must be above 0 (epochs between evaluations)")
     return [f"train.eval_every={eval_every:g}", *sets]
+
+
+def refuse_set_over_contender(contenders: dict, sets: list[str]) -> None:
+    """A --set of a key a contender sets itself would replace the contender's value in every run
+    (the later item wins): stop before any run, naming both."""
+    given = {item.partition("=")[0].strip(): item for item in sets}
+    for name, items in contenders.items():
+        for item in items:
+            key = item.partition("=")[0].strip()
+            if key in given:
+                raise SystemExit(f"--set {given[key]}: contender {name} sets {item} itself, and the "
+                                 f"--set would replace it in every run; set {key} in each --variant "
+                                 "instead")
 
 
 def seed_sets(seed: int) -> list[str]:
@@ -404,14 +422,15 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
             # One rank: minibatch SGD whatever the contender (speedups are over this run).
             runs = {reference: contenders.get(reference, CONTENDERS[reference])} if n == 1 else contenders
             for name, csets in runs.items():
-                res = run_logged(a.config, n, csets + a.set + sets + seed_sets(seeds[rep])
+                res = run_logged(a.config, n, grid_sets(a.eval_every, csets + a.set) + sets
+                                 + seed_sets(seeds[rep])
                                  + [f"train.target_p_at_1={targets[-1]}"],
                                  out / f"{kind}{n}-{name}-r{rep}", targets[-1],
                                  f"{label}: {name} (seed {seeds[rep]}, {rep + 1}/{a.repeats})", t0, name,
                                  a.reuse)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
-            f"seeds {seeds}, overrides {a.set}\n{a.code}\n"
+            f"seeds {seeds}, overrides {grid_sets(a.eval_every, a.set)}\n{a.code}\n"
             f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
             "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
     data = {target: scaling.rows(results, target, reference) for target in targets}

@@ -8,7 +8,9 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
 
     out = tmp_path / "bench"
     p = run_job([sys.executable, "-m", "hvd_adaptive.bench.speed", "--config", "configs/tiny.yaml",
-                 "--algorithms", "sync", "horovod", "--scenarios", "even", "slowed", "--slowdown", "2",
+                 "--algorithms", "sync", "horovod",
+                 "--variant", "coarse=train.algorithm=sync,train.eval_every=1",
+                 "--scenarios", "even", "slowed", "--slowdown", "2",
                  "--target", "0.6", "--set", "optim.lr=auto", "--set", "optim.lr_choice=probe",
                  "--eval-every", "0.5", "--out", str(out)], timeout=300,
                 env=mpi_env())
@@ -28,13 +30,16 @@ def test_the_benchmark_runs_the_plain_horovod_script_beside_sync(tmp_path):
     assert float(row[head.index("probe")]) > 0, text  # optim.lr auto's seconds, on its clock
     assert not any(line.startswith("horovod") for line in slowed.splitlines()), text
     assert (out / "even-horovod-r0" / "summary.json").is_file()
-    # Every run, the plain script's too, evaluated on the benchmark's grid, not tiny.yaml's 2.0
+    # Every run, the plain script's too, evaluated on the benchmark's grid, not tiny.yaml's 2.0,
+    # but a variant that sets its own train.eval_every (its items come after the grid's)
     import json
 
     runs = sorted(d for d in out.iterdir() if d.is_dir())
-    assert [d.name for d in runs] == ["even-horovod-r0", "even-sync-r0", "slowed2-sync-r0"], runs
+    assert [d.name for d in runs] == ["even-coarse-r0", "even-horovod-r0", "even-sync-r0",
+                                      "slowed2-coarse-r0", "slowed2-sync-r0"], runs
     for d in runs:
-        assert json.loads((d / "config.json").read_text())["train"]["eval_every"] == 0.5, d
+        every = json.loads((d / "config.json").read_text())["train"]["eval_every"]
+        assert every == (1.0 if "coarse" in d.name else 0.5), d
 
 
 def test_the_scaling_study_runs_the_reference_on_one_rank_and_a_table_a_target(tmp_path):

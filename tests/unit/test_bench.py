@@ -230,6 +230,25 @@ def test_every_run_evaluates_on_the_benchmarks_grid_unless_a_set_item_says_other
     assert not (tmp_path / "b").exists()
 
 
+def test_a_set_of_a_key_a_contender_sets_itself_is_refused_before_any_run(tmp_path):
+    """A --set comes after a contender's own items and would replace them in every run (a
+    variant's rate, sync_prop's partition): refused, naming the --set and the contender's item;
+    a --set of keys no contender sets passes."""
+    from hvd_adaptive.bench.speed import CONTENDERS, main, refuse_set_over_contender
+
+    with pytest.raises(SystemExit, match=r"--set optim.lr=0.1: contender fast sets optim.lr=0.2 "
+                                         r"itself, and the --set would replace it in every run; "
+                                         r"set optim.lr in each --variant instead"):
+        main(["--config", "configs/tiny.yaml", "--algorithms", "--variant",
+              "fast=train.algorithm=sync,optim.lr=0.2", "--reference", "fast",
+              "--set", "optim.lr=0.1", "--target", "0.5", "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(SystemExit, match="contender sync_prop sets sync.partition=proportional"):
+        refuse_set_over_contender({"sync_prop": CONTENDERS["sync_prop"]}, ["sync.partition=equal"])
+    refuse_set_over_contender({"sync_prop": CONTENDERS["sync_prop"], "fast": ["optim.lr=0.2"]},
+                              ["optim.eps=1e-7", "train.eval_every=0.1"])
+
+
 def test_keep_rules_measure_how_far_each_validation_figure_picks_below_the_best():
     """bench.keep_rules: the gap is the best test P@1 less the test P@1 of the evaluation a rule
     picks, in points; neighbour averaging smooths a lone validation peak away."""
