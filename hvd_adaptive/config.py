@@ -233,9 +233,9 @@ class OptimConfig:
     """Adagrad's and Adam's epsilon. The row-sparse layers' accumulators start at zero
     (optim.initial_accumulator_rows), so a weight's first update there is about lr whatever its
     gradient unless the gradient is small against eps; TensorFlow's Keras optimizers use this
-    value, and it kept the first steps of rarely-pushed weights (every negative label's output
-    weights, before they started from optim.initial_accumulator) smaller than a tenth of it
-    would (docs/benchmark.md, "Settings chosen by the tool")."""
+    value: with every accumulator from zero it kept the first steps of rarely-pushed weights
+    (every negative label's output weights) smaller than a tenth of it would
+    (docs/benchmark.md, "Settings chosen by the tool")."""
     initial_accumulator: float = 1e-9
     """The value Adagrad's and row-wise Adagrad's accumulators start from (TensorFlow's Keras
     Adagrad: 0.1), on every layer but the row-sparse ones unless optim.initial_accumulator_rows.
@@ -264,6 +264,16 @@ class OptimConfig:
     cut on a plateau")."""
     plateau_epochs: float = 1.0
     """Epochs without a gain in validation P@1 before optim.plateau cuts the rate."""
+
+    def start(self, row_sparse: bool) -> float:
+        """The value a layer's optimizer state starts from: initial_accumulator for Adagrad and
+        row-wise Adagrad, except on the row-sparse layers (the input layer, the sampled output
+        layer) under initial_accumulator_rows false; 0 for the other optimizers."""
+        if self.name not in ("adagrad", "rowwise_adagrad"):
+            return 0.0
+        if row_sparse and not self.initial_accumulator_rows:
+            return 0.0
+        return self.initial_accumulator
 
     def validate(self, path: str) -> None:
         _positive(self, path, "eps", "plateau_epochs")

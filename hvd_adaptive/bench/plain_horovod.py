@@ -213,13 +213,10 @@ class Optimizer(tf.Module):
         # rowwise_adagrad's one value a row: the input layer, and the sampled output layer.
         self.rows = rows if ocfg.name == "rowwise_adagrad" else ()
         shapes = [[v.shape[0], 1] if i in self.rows else v.shape for i, v in enumerate(variables)]
-        # Adagrad's accumulators start at optim.initial_accumulator, the row-sparse layers' (the
-        # input layer, the sampled output layer) at 0 under optim.initial_accumulator_rows false.
-        adagrad = ocfg.name in ("adagrad", "rowwise_adagrad")
-        starts = [ocfg.initial_accumulator if adagrad and (ocfg.initial_accumulator_rows or i not in rows)
-                  else 0.0 for i in range(len(variables))]
+        # Each state starts where the config says (OptimConfig.start: the row-sparse layers, the
+        # input layer and the sampled output layer, at 0 unless optim.initial_accumulator_rows).
         self.slots = ([] if ocfg.name == "sgd" else
-                      [tf.Variable(tf.fill(s, a)) for s, a in zip(shapes, starts)])
+                      [tf.Variable(tf.fill(s, ocfg.start(i in rows))) for i, s in enumerate(shapes)])
 
     def apply(self, grads, variables):
         c = self.cfg

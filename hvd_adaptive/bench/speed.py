@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", nargs="+", default=["equal", "half"], choices=["equal", "half"],
                     help="--scaling: the cluster profiles to run")
     a = ap.parse_args(argv)
-    grid_sets(a.eval_every, [])  # a grid of 0 is refused before anything runs
+    grid = grid_sets(a.eval_every, [])  # every run's overrides start with it; 0 is refused here
     if a.scaling and (min(a.scaling) < 1 or a.core <= 0):
         raise SystemExit(f"--scaling {a.scaling} --core {a.core}: rank counts >= 1 and cores > 0")
     contenders = {name: CONTENDERS[name] for name in a.algorithms}
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if targets is None:  # sync's full run fixes the targets; every other run stops at the highest
         print(f"[bench {time.time() - t0:6.0f} s] reference: sync without slowdown, full length", flush=True)
         ref = run_one(a.config, a.ranks,
-                      grid_sets(a.eval_every, CONTENDERS["sync"] + a.set) + seed_sets(seeds[0]),
+                      grid + CONTENDERS["sync"] + a.set + seed_sets(seeds[0]),
                       out / "reference-sync", reuse=a.reuse)
         final = ref["summary"]["final"]["p_at_1"]
         targets = [0.8 * final, 0.9 * final]
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     target = targets[-1]  # where every run stops
     (out / "target.txt").write_text(f"{target}\n")  # for the figures (launch/bench.sh)
     if a.scaling:
-        return run_scaling(a, contenders, targets, out, t0, seeds)
+        return run_scaling(a, contenders, targets, out, t0, seeds, grid)
     phases: dict = {}
     for rep in range(a.repeats):
         for scen, factor in scenario_list(a.scenarios, a.slowdown, a.quota_slowdown):
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                     if rep == 0:
                         print(f"[bench {time.time() - t0:6.0f} s] {label}: {why}", flush=True)
                     continue
-                run_sets = (grid_sets(a.eval_every, sets + a.set) + scen_sets + seed_sets(seeds[rep])
+                run_sets = (grid + sets + a.set + scen_sets + seed_sets(seeds[rep])
                             + [f"train.target_p_at_1={target}"])
                 if scen != "even" and "hogbatch" in " ".join(sets):
                     # the slowed rank stands in for the CPU worker (small batches), as in the paper
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                                  a.reuse)
                 results.setdefault(label, {}).setdefault(name, []).append(res)
     text = (f"benchmark: {a.config}, {a.ranks} ranks, seeds {seeds}, "
-            f"overrides {grid_sets(a.eval_every, a.set)}\n"
+            f"overrides {grid + a.set}\n"
             f"{a.code}\n"
             + "\n".join(table(results, t, phases, a.reference) for t in targets) + "\n")
     print(text)
@@ -410,7 +410,7 @@ def seed_sets(seed: int) -> list[str]:
 
 
 def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], out: Path,
-                t0: float, seeds: list[int]) -> int:
+                t0: float, seeds: list[int], grid: list[str]) -> int:
     """The scaling benchmark (hvd_adaptive/bench/scaling.py): every contender at every rank count of
     every profile, interleaved per repeat, the runs stopping at the highest target; writes
     bench.txt (a table a target) and scaling.json (the highest target's rows, the figure's)."""
@@ -422,7 +422,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
             # One rank: minibatch SGD whatever the contender (speedups are over this run).
             runs = {reference: contenders.get(reference, CONTENDERS[reference])} if n == 1 else contenders
             for name, csets in runs.items():
-                res = run_logged(a.config, n, grid_sets(a.eval_every, csets + a.set) + sets
+                res = run_logged(a.config, n, grid + csets + a.set + sets
                                  + seed_sets(seeds[rep])
                                  + [f"train.target_p_at_1={targets[-1]}"],
                                  out / f"{kind}{n}-{name}-r{rep}", targets[-1],
@@ -430,7 +430,7 @@ def run_scaling(a: argparse.Namespace, contenders: dict, targets: list[float], o
                                  a.reuse)
                 results.setdefault((kind, n), {}).setdefault(name, []).append(res)
     text = (f"scaling benchmark: {a.config}, ranks {a.scaling}, {a.core:g} core a full-speed rank, "
-            f"seeds {seeds}, overrides {grid_sets(a.eval_every, a.set)}\n{a.code}\n"
+            f"seeds {seeds}, overrides {grid + a.set}\n{a.code}\n"
             f"ref/this: {reference}'s time to the target over the contender's at the same point, per seed; "
             "a range ending (k/n): k of the n seeds reached the target, the median is theirs\n")
     data = {target: scaling.rows(results, target, reference) for target in targets}

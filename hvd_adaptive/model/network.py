@@ -332,15 +332,6 @@ def row_sums(x, seg, size):
     return tf.pad(h, [[0, size - tf.shape(h)[0]], [0, 0]])
 
 
-def initial_accumulator(cfg: OptimConfig, row_sparse: bool) -> float:
-    """The value a layer's optimizer state starts from: optim.initial_accumulator for Adagrad and
-    row-wise Adagrad, except on the row-sparse layers (the input layer, the sampled output layer)
-    under optim.initial_accumulator_rows false; 0 for the other optimizers."""
-    if cfg.name not in ("adagrad", "rowwise_adagrad") or (row_sparse and not cfg.initial_accumulator_rows):
-        return 0.0
-    return cfg.initial_accumulator
-
-
 def _dedupe(g: tf.IndexedSlices) -> tuple[tf.Tensor, tf.Tensor]:
     """Sums the rows of duplicated indices so per-row optimizer state updates once."""
     idx, pos = tf.unique(g.indices)
@@ -400,7 +391,7 @@ class Optimizer(tf.Module):
         self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
         nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
         self.slots = [[tf.Variable(tf.fill(self._slot_shape(v, axis),
-                                           initial_accumulator(cfg, axis is not None)),
+                                           cfg.start(axis is not None)),
                                    trainable=False)
                        for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
 
