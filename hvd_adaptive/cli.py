@@ -10,6 +10,7 @@ Usage:
   hvd-adaptive data pypi --out data/pypi --projects 80000   # real data: PyPI projects' metadata
   hvd-adaptive data npm --out data/npm --packages 30000     # real data: npm packages' manifests
   hvd-adaptive trees --config FILE       # napkinXC's label tree on the same rows, for comparison
+                                         #   (--method br: a logistic model a label, no tree)
   hvd-adaptive report runs/a runs/b --out report.png
   hvd-adaptive sweep list CONFIG | hvd-adaptive sweep run CONFIG --index N
   hvd-adaptive predict RUN_DIR --data FILE --out FILE [--k 5] [--checkpoint best|last|ckpt-N]
@@ -51,10 +52,10 @@ def _trees(args: argparse.Namespace) -> int:
     import json
 
     from hvd_adaptive.config import load_config
-    from hvd_adaptive.bench.trees import run_plt
+    from hvd_adaptive.bench.trees import run_napkinxc
 
     cfg, _ = load_config(args.config, args.set, extra_sections=("sweep",))
-    out = run_plt(cfg, threads=args.threads)
+    out = run_napkinxc(cfg, threads=args.threads, method=args.method)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
@@ -175,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "as the network does, and print its time and test P@k (one process)")
     config_args(e)
     e.add_argument("--threads", type=int, help="napkinXC's threads (default: every core)")
+    e.add_argument("--method", choices=("plt", "br"), default="plt",
+                   help="plt: the label tree (default); br: binary relevance, one logistic model "
+                        "a label, no tree (slower to fit, ahead of the tree on short text)")
     e.add_argument("--out", help="JSON file for the result")
     e.set_defaults(fn=_trees)
 

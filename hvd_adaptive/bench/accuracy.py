@@ -7,7 +7,9 @@ For each seed r (0, 1, ... or from --first-seed; train.seed, model.init_seed and
 seed r + 1), one `hvd-adaptive train`
 run on `--ranks` ranks (bench.run_one: no checkpoint is written, `kept` is read from the
 evaluations) with a validation split (data.validation, default 0.05 here) and an
-evaluation every `--eval-every` epochs, then `hvd-adaptive trees` on the same training rows.
+evaluation every `--eval-every` epochs, then `hvd-adaptive trees` on the same training rows
+(`--tree-method br`: napkinXC's binary relevance in the tree's place, its figures in the tree_
+columns).
 Prints one line a seed and a median row: which model was kept (the trained one, or
 checkpoint.average's average: "average"), the kept model's test P@1/P@5/PSP@5, the best test
 P@1 any evaluation of the trained model reached and the kept model's gap to it (points;
@@ -47,7 +49,8 @@ def run_seed(args, seed: int, say) -> dict:
     summary, evals = run["summary"], run["evals"]
     tree_out = run_dir / "trees.json"
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.cli", "trees", "--config", args.config,
-                        *flags, "--threads", str(args.ranks), "--out", str(tree_out)],
+                        *flags, "--threads", str(args.ranks), "--method", args.tree_method,
+                        "--out", str(tree_out)],
                        capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"trees for {run_dir} failed (exit {p.returncode}):\n{p.stderr[-2000:]}")
@@ -101,12 +104,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--epochs", type=float, help="train.epochs (default: the config's)")
     p.add_argument("--eval-every", type=float, default=0.5)
     p.add_argument("--validation", type=float, default=0.05)
+    p.add_argument("--tree-method", choices=("plt", "br"), default="plt",
+                   help="the model beside the network: napkinXC's label tree (plt, default) or its "
+                        "binary relevance (br: a logistic model a label, no tree)")
     p.add_argument("--out", default="runs/accuracy")
     args = p.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    beside = "" if args.tree_method == "plt" else ", beside napkinXC's BR (the tree_ columns)"
     print(f"accuracy: {args.name} ({args.config} {' '.join(args.set)}), {args.seeds} seed(s), "
-          f"{args.ranks} ranks", flush=True)
+          f"{args.ranks} ranks{beside}", flush=True)
     code = code_line()
     print(f"accuracy: {code}", flush=True)
     print(f"{'seed':>6} {'kept_model':>10} " + " ".join(f"{c:>16}" for c in COLUMNS), flush=True)
@@ -117,6 +124,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"accuracy: {args.name} done in {time.time() - t0:.0f} s", flush=True)
     out = Path(args.out) / f"accuracy-{args.name}.json"
     out.write_text(json.dumps({"name": args.name, "config": args.config, "sets": args.set, "code": code,
+                               "tree_method": args.tree_method,
                                "rows": rows, "median": med}, indent=1) + "\n")
     return 0
 

@@ -107,13 +107,16 @@ def test_noisy_rows_take_their_new_labels_in_place_and_the_others_keep_theirs():
     assert out.tolist() == [9, 3, 4, 5, 7, 8, 6]
 
 
-def test_the_tree_method_trains_on_the_same_rows(noisy_files, tmp_path):
+@pytest.mark.parametrize("method, model", [("plt", "PLT"), ("br", "BR")])
+def test_the_tree_method_trains_on_the_same_rows(noisy_files, tmp_path, method, model):
     train_txt, test_txt = noisy_files
     out = tmp_path / "trees.json"
     p = cli("trees", "--config", "configs/tiny.yaml", "--set", f"data.train={train_txt}",
-            "--set", f"data.test={test_txt}", "--set", "data.validation=0.1", "--out", out)
+            "--set", f"data.test={test_txt}", "--set", "data.validation=0.1", "--out", out,
+            "--method", method)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(out.read_text())
+    assert (got["method"], got["model"]) == (f"napkinxc-{method}", model)
     assert (got["train_rows"], got["test_rows"]) == (1800, 500)
     test = load_dataset(test_txt, use_cache=False)
     frequent = np.bincount(load_dataset(train_txt, use_cache=False).label_indices).argmax()
