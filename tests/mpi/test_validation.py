@@ -207,10 +207,11 @@ def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(noisy_files,
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.accuracy", "--config", "configs/tiny.yaml",
                         "--name", "t", "--seeds", "1", "--first-seed", "1", "--epochs", "4", "--eval-every", "1",
                         "--validation", "0.1", "--set", f"data.train={train_txt}",
-                        "--set", f"data.test={test_txt}", "--out", str(tmp_path)],
+                        "--set", f"data.test={test_txt}", "--out", str(tmp_path), "--tree-method", "br"],
                        cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     saved = json.loads((tmp_path / "accuracy-t.json").read_text())
+    assert saved["tree_method"] == "br" and "beside napkinXC's BR" in p.stdout
     assert saved["code"].startswith(f"code: {REPO / 'hvd_adaptive'}"), saved["code"]  # what ran
     (row,) = saved["rows"]
     assert row["seed"] == 1  # --first-seed: seed 1's run (train.seed 1, model.init_seed 2)
@@ -225,6 +226,7 @@ def test_the_accuracy_benchmark_sets_the_kept_model_beside_the_tree(noisy_files,
     assert row["gap_points"] == pytest.approx(100 * (row["best_p1"] - row["kept_p1"]), abs=0.01)
     tree = json.loads((tmp_path / "t-r1" / "trees.json").read_text())
     assert row["tree_p1"] == tree["metrics"]["p_at_1"] and tree["train_rows"] == 1800
+    assert tree["model"] == "BR"  # --tree-method reached `hvd-adaptive trees`
     reached = [e["wall_s"] for e in evals if e["p_at_1"] >= row["tree_p1"]]
     assert row["net_s_to_tree_p1"] == (reached[0] if reached else None)
 
