@@ -178,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--threads", type=int, help="napkinXC's threads (default: every core)")
     e.add_argument("--method", choices=("plt", "br"), default="plt",
                    help="plt: the label tree (default); br: binary relevance, one logistic model "
-                        "a label, no tree (slower to fit, ahead of the tree on short text)")
+                        "a label, no tree (slower to fit, ahead of the tree on the real text measured)")
     e.add_argument("--out", help="JSON file for the result")
     e.set_defaults(fn=_trees)
 
