@@ -59,9 +59,9 @@ def run_napkinxc(cfg: Config, threads: Optional[int] = None, say=print, method: 
     train, _ = split_validation(cfg, train)
     threads = threads or os.cpu_count() or 1
     freq = train.label_frequencies()
-    say(f"trees: napkinXC {kind.__name__} on {train.n_rows:,} training rows, {train.n_labels:,} labels, "
-        f"{threads} thread(s)")
-    with tempfile.TemporaryDirectory(prefix="hvd-plt-") as where:
+    say(f"trees: napkinXC {kind.__name__} on {train.n_rows:,} training rows, "
+        f"{train.n_labels:,} labels, {threads} thread(s)")
+    with tempfile.TemporaryDirectory(prefix="hvd-napkinxc-") as where:
         # Through files: napkinXC's fit on in-memory CSR rows ended in a segmentation fault
         # here on some runs and not on others with the same rows; its file reader never did.
         files = Path(where) / "train.txt", Path(where) / "test.txt"
@@ -78,8 +78,8 @@ def run_napkinxc(cfg: Config, threads: Optional[int] = None, say=print, method: 
     inv_prop = inverse_propensities(freq, train.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)
     sums = metric_sums(top, np.asarray(test.label_indptr), np.asarray(test.label_indices), inv_prop)
     metrics = finalize({n: sums[n] for n in sum_names(True)})
-    out = {"method": f"napkinxc-{method}", "model": type(model).__name__, "train_s": round(train_s, 3), "predict_s": round(predict_s, 3),
-           "threads": threads, "train_rows": train.n_rows, "test_rows": test.n_rows,
+    out = {"method": f"napkinxc-{method}", "model": type(model).__name__,
+           "train_s": round(train_s, 3), "predict_s": round(predict_s, 3), "threads": threads, "train_rows": train.n_rows, "test_rows": test.n_rows,
            "metrics": {k: round(v, 5) for k, v in metrics.items()}}
     m = out["metrics"]
     say(f"trees: trained in {train_s:.1f} s; P@1 {m['p_at_1']:.4f} P@3 {m['p_at_3']:.4f} "
