@@ -128,7 +128,9 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     hidden: list[int] = field(default_factory=lambda: [128])
-    """Hidden layer widths (ReLU); the papers use one layer of 128."""
+    """Hidden layer widths (ReLU); the papers use one layer of 128. [] is a linear model: one
+    weight a feature and label, read by the batch's features (output full; features x labels
+    at most network.LINEAR_MAX_WEIGHTS)."""
     dropout: float = 0.0
     """Dropout rate on hidden activations during training."""
     dropout_after: float = 0.0
@@ -148,16 +150,37 @@ class ModelConfig:
     correction; a step's cost follows the candidates, and the output layer's gradient and
     optimizer update touch only their rows. Evaluation always ranks all labels.
     auto: sampled with negatives by frequency from SAMPLED_FROM_LABELS labels on (without
-    label smoothing), else full (`output_for`; docs/scale.md)."""
+    label smoothing, a linear model or the sigmoid loss), else full (`output_for`; docs/scale.md)."""
     negatives: int = 4096
     """sampled: distinct negatives expected per batch (drawn with replacement, each kept once;
     positives are always in)."""
     sampler: Literal["uniform", "frequency"] = "uniform"
     """sampled: uniform over labels, or proportional to (training frequency + 1) ^ 0.75."""
+    loss: Literal["softmax", "sigmoid"] = "softmax"
+    """softmax: cross-entropy against the row's labels normalized to sum 1. sigmoid: one
+    logistic loss a label (one-vs-all), summed over the labels and averaged over the rows;
+    output full only. Evaluation ranks by the logits either way; predict's scores are the
+    softmax's probabilities or each label's sigmoid."""
+
+    @property
+    def linear(self) -> bool:
+        """No hidden layer: the logits are the input rows times one weight a feature and label."""
+        return not self.hidden
 
     def validate(self, path: str) -> None:
-        if not self.hidden or any(h <= 0 for h in self.hidden):
-            raise ConfigError(f"{path}.hidden: needs at least one positive width, got {self.hidden}")
+        if any(h <= 0 for h in self.hidden):
+            raise ConfigError(f"{path}.hidden: widths must be positive ([] for a linear model), "
+                              f"got {self.hidden}")
+        if self.linear and self.output == "sampled":
+            raise ConfigError(f"{path}.hidden: [] (a linear model) reads every label's weights of "
+                              f"the batch's features: {path}.output must be full or auto, got sampled")
+        if self.linear and self.dropout > 0:
+            raise ConfigError(f"{path}.dropout: acts on hidden activations, which {path}.hidden: [] "
+                              "(a linear model) has none of; set it to 0")
+        if self.loss == "sigmoid" and (self.output == "sampled" or self.label_smoothing > 0):
+            raise ConfigError(f"{path}.loss: sigmoid scores every label, with {path}.output full "
+                              f"or auto and no {path}.label_smoothing (got output {self.output}, "
+                              f"label_smoothing {self.label_smoothing:g})")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"{path}.dropout: must be in [0, 1), got {self.dropout}")
         if self.dropout_after < 0:
@@ -182,10 +205,12 @@ SAMPLED_FROM_LABELS = 16384
 def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
     """`model` with output (and under auto the sampler) as a network of `n_labels` labels
     takes it: auto becomes sampled by frequency from SAMPLED_FROM_LABELS labels on unless
-    label smoothing is set, else full; full and sampled stay as they are."""
+    label smoothing, a linear model or the sigmoid loss is set, else full; full and sampled stay
+    as they are."""
     if model.output != "auto":
         return model
-    if n_labels >= SAMPLED_FROM_LABELS and model.label_smoothing == 0:
+    if (n_labels >= SAMPLED_FROM_LABELS and model.label_smoothing == 0 and not model.linear
+            and model.loss == "softmax"):
         return dataclasses.replace(model, output="sampled", sampler="frequency")
     return dataclasses.replace(model, output="full")
 

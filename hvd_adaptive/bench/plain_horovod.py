@@ -7,7 +7,8 @@ tf.Variables in a tf.Module (Keras 3 variables break Horovod 0.28), the project'
 (sparse input -> ReLU hidden layer(s) by gathering the input layer's rows -> softmax over every
 label, cross-entropy against the multi-hot labels normalized to sum 1; under model.output
 sampled, or auto at as many labels as the project takes it for, the softmax over the batch's
-labels and the drawn negatives), TensorFlow's own
+labels and the drawn negatives; with model.hidden [] one linear layer read by the batch's
+features, and under model.loss sigmoid one logistic loss a label), TensorFlow's own
 optimizer kernels, `hvd.DistributedGradientTape` (Average) around the loss, the whole step in
 one `tf.function`, rank 0's weights broadcast at start, and each rank taking its slice of a
 global batch of ranks x train.batch_size rows cut from the epoch's shuffle. Nothing runs per
@@ -95,7 +96,8 @@ def batch(ds, rows: np.ndarray) -> tuple:
 
 class Net(tf.Module):
     """The project's network and initialisation: Glorot-uniform kernels drawn in layer order
-    from numpy's generator seeded by model.init_seed, zero biases."""
+    from numpy's generator seeded by model.init_seed, zero biases; with model.hidden [] one
+    [features x labels] kernel from zero, read by the batch's features (a linear model)."""
 
     def __init__(self, n_features: int, n_labels: int, mcfg, label_freq=None, stream: int = 0):
         super().__init__(name="plain_net")
@@ -103,10 +105,12 @@ class Net(tf.Module):
         sizes = [n_features, *mcfg.hidden, n_labels]
         # The sampled loss gathers the output layer's rows: it is stored [labels x hidden].
         self.sampled, self.n_labels = mcfg.output == "sampled", n_labels
+        self.linear, self.sigmoid, self.n_features = not mcfg.hidden, mcfg.loss == "sigmoid", n_features
         self.kernels, self.biases = [], []
         for a, b in zip(sizes[:-1], sizes[1:]):
             limit = math.sqrt(6.0 / (a + b))
-            w = rng.uniform(-limit, limit, (a, b)).astype(np.float32)
+            w = (np.zeros((a, b), np.float32) if self.linear
+                 else rng.uniform(-limit, limit, (a, b)).astype(np.float32))
             last = len(self.kernels) == len(sizes) - 2
             self.kernels.append(tf.Variable(w.T.copy() if last and self.sampled else w))
             self.biases.append(tf.Variable(tf.zeros([b])))
@@ -125,6 +129,9 @@ class Net(tf.Module):
         self.ordered = [v for pair in zip(self.kernels, self.biases) for v in pair]
 
     def hidden(self, ids, vals, seg, n, training=False):
+        if self.linear:  # the rows themselves, dense (the rate judge's products)
+            at = tf.stack([seg, tf.cast(ids, tf.int32)], 1)
+            return tf.scatter_nd(at, vals, tf.stack([n, self.n_features]))
         # Only the batch's rows of the input layer are read: its gradient is row-sparse. The
         # rows come one after another, so TensorFlow's sorted segment sum adds them up (what
         # tf.nn.embedding_lookup_sparse calls), padded for trailing rows without features.
@@ -147,6 +154,9 @@ class Net(tf.Module):
             self.rate.assign(self.dropout)
 
     def logits(self, ids, vals, seg, n, training=False):
+        if self.linear:  # the batch's rows of the one kernel: a row-sparse gradient
+            x = tf.math.segment_sum(tf.gather(self.kernels[0], ids) * vals[:, None], seg)
+            return tf.pad(x, [[0, n - tf.shape(x)[0]], [0, 0]]) + self.biases[0]
         h = self.hidden(ids, vals, seg, n, training)
         return tf.matmul(h, self.kernels[-1], transpose_b=self.sampled) + self.biases[-1]
 
@@ -154,7 +164,15 @@ class Net(tf.Module):
         """Mean over the rows with labels of softmax cross-entropy against their labels, each of
         a row's k labels weighted 1/k (the multi-hot target normalized to sum 1); in training,
         model.label_smoothing of the target spread evenly over every label. Sampled: in
-        training, the softmax over the batch's labels and model.negatives drawn ones."""
+        training, the softmax over the batch's labels and model.negatives drawn ones. Under
+        model.loss sigmoid: the mean over the rows of the sum over every label of the logistic
+        loss, the row's labels positive."""
+        if self.sigmoid:
+            z = self.logits(ids, vals, seg, n, training=training)
+            y = tf.scatter_nd(tf.stack([label_row, labels], 1), tf.ones_like(labels, tf.float32),
+                              tf.shape(z))
+            per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.minimum(y, 1.0), logits=z)
+            return tf.reduce_sum(per_row) / tf.maximum(tf.cast(n, tf.float32), 1.0)
         if self.sampled and training:
             return self.sampled_loss(ids, vals, seg, labels, label_row, n)
         return self.xent(self.logits(ids, vals, seg, n, training=training), labels, label_row, n,

@@ -101,13 +101,21 @@ class RowMask:
     sparse: bool = True
 
 
+# The most weights (features x labels) a linear model (model.hidden: []) takes: 1 GiB of float32,
+# which its optimizer state, merges and checkpoints copy again. Larger problems want the hidden
+# layer, whose weights grow with features + labels rather than their product.
+LINEAR_MAX_WEIGHTS = 2 ** 28
+
+
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
     lim = np.sqrt(6.0 / (fan_in + fan_out))
     return rng.uniform(-lim, lim, size=(fan_in, fan_out)).astype(np.float32)
 
 
 class SparseMLP(tf.Module):
-    """Sparse input -> hidden ReLU layer(s) -> logits over all labels.
+    """Sparse input -> hidden ReLU layer(s) -> logits over all labels; or, with no hidden layer
+    (model.hidden: []), a linear model: the logits are the input row times a [features x labels]
+    layer read by the batch's feature rows (row-sparse like the input layer), from zero.
 
     The input layer is stored [features x hidden] and read by rows, so its gradient is
     row-sparse. Under the sampled loss the output layer is stored [labels x hidden] (with its
@@ -134,6 +142,12 @@ class SparseMLP(tf.Module):
                              if cfg.dropout > 0 else None)
         self.label_smoothing = cfg.label_smoothing
         self.cfg = cfg
+        self.linear, self.sigmoid = cfg.linear, cfg.loss == "sigmoid"
+        if self.linear and n_features * n_labels > LINEAR_MAX_WEIGHTS:
+            raise ConfigError(
+                f"model.hidden: [] (a linear model) needs {n_features:,} features x {n_labels:,} "
+                f"labels = {n_features * n_labels:,} weights, more than the {LINEAR_MAX_WEIGHTS:,} "
+                "it takes (1 GiB); give it a hidden layer (model.hidden: [128])")
         hidden = [tf.Variable(_glorot(rng, a, b), name=f"w{i}")
                   for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
         self.sampled = cfg.output == "sampled"
@@ -141,7 +155,8 @@ class SparseMLP(tf.Module):
         # full softmax keeps the dense kernel [hidden x labels], whose matmul and gradient ran
         # faster than the transposed product at 67,009 labels (docs/benchmark.md, "Figures
         # behind the code's defaults").
-        kernel = _glorot(rng, widths[-1], n_labels)
+        kernel = (np.zeros((n_features, n_labels), np.float32) if self.linear
+                  else _glorot(rng, widths[-1], n_labels))
         out = tf.Variable(kernel.T.copy() if self.sampled else kernel, name=f"w{len(hidden)}")
         self.layers = [*hidden, out]
         self.biases = [tf.Variable(np.zeros(b, np.float32), name=f"b{i}")
@@ -186,6 +201,8 @@ class SparseMLP(tf.Module):
     def row_masks(self) -> list[Optional[RowMask]]:
         """Per variable of `variables_list`: the mask of `touched` that indexes its rows, or None
         for the hidden layers and their biases (every step changes them whole)."""
+        if self.linear:  # [features x labels] read by features; its bias by the positives
+            return [RowMask(TouchedRows.FEATURES), RowMask(TouchedRows.LABELS, sparse=False)]
         n = len(self.variables_list)
         out = ([RowMask(TouchedRows.LABELS), RowMask(TouchedRows.LABELS)] if self.sampled else
                [RowMask(TouchedRows.LABELS, axis=1, sparse=False),
@@ -194,7 +211,11 @@ class SparseMLP(tf.Module):
 
     def hidden(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """The last hidden layer's activations, [rows x hidden]; `feat_seg` non-decreasing (the
-        batch's rows one after another, as `make_batch` builds them)."""
+        batch's rows one after another, as `make_batch` builds them). A linear model's are its
+        input rows, dense [rows x features] (evaluation's label blocks read them)."""
+        if self.linear:
+            at = tf.stack([feat_seg, tf.cast(feat_ids, tf.int32)], axis=1)
+            return tf.scatter_nd(at, feat_vals, tf.stack([size, self.n_features]))
         rows = tf.gather(self.layers[0], feat_ids) * feat_vals[:, None]
         h = row_sums(rows, feat_seg, size) + self.biases[0]
         for w, b in zip(self.layers[1:-1], self.biases[1:-1]):
@@ -217,6 +238,9 @@ class SparseMLP(tf.Module):
 
     def logits(self, feat_ids, feat_vals, feat_seg, size, training: bool = False):
         """Logits over every label."""
+        if self.linear:  # the batch's feature rows, summed: its gradient is row-sparse
+            rows = tf.gather(self.layers[0], feat_ids) * feat_vals[:, None]
+            return row_sums(rows, feat_seg, size) + self.biases[0]
         h = self.hidden(feat_ids, feat_vals, feat_seg, size, training)
         return tf.matmul(h, self.layers[-1], transpose_b=self.sampled) + self.biases[-1]
 
@@ -230,7 +254,8 @@ class SparseMLP(tf.Module):
     def loss(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
              training: bool = True):
         """Softmax cross-entropy against the multi-hot target normalized to sum 1, over all
-        labels (output: full) or over a sampled candidate set (output: sampled).
+        labels (output: full) or over a sampled candidate set (output: sampled); under
+        model.loss sigmoid, one logistic loss a label (`_sigmoid_xent`).
 
         Rows without labels carry no target and are left out of the mean. In training,
         `touched` marks the batch's features, and its labels: the candidates (sampled) or the
@@ -242,6 +267,8 @@ class SparseMLP(tf.Module):
             if training:
                 self.touched.mark(TouchedRows.LABELS, label_ids)
             z = self.logits(feat_ids, feat_vals, feat_seg, size, training)
+            if self.sigmoid:
+                return _sigmoid_xent(z, label_ids, label_seg, size)
             return _softmax_xent(z, label_ids, label_seg, label_w, size,
                                  self.label_smoothing if training else 0.0)
         cand, corr, label_pos = self.candidates(label_ids)
@@ -253,7 +280,7 @@ class SparseMLP(tf.Module):
     def loss_and_top(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
                      labels, corrections, k: int = 5, top_labels=None):
         """The probe's judge (hvd_adaptive.train.tune.HeldOut): the softmax's cross-entropy
-        (whatever `output`; the loss a sampled model approximates) and each row's k best label
+        (whatever `output` and `loss`; the loss a sampled model approximates) and each row's k best label
         ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over every label
         when `labels` is empty, else over `labels` alone (ascending, holding every label of the
         rows), their logits less `corrections` in the loss (tune.judge_labels)."""
@@ -304,6 +331,15 @@ class SparseMLP(tf.Module):
         w = tf.gather(self.layers[-1], cand)
         z = tf.matmul(h, w, transpose_b=True) + tf.gather(self.biases[-1], cand) - corr
         return _softmax_xent(z, label_pos, label_seg, label_w, size)
+
+
+def _sigmoid_xent(z, label_ids, label_seg, size):
+    """Mean over the batch's rows of the sum over every label of the logistic loss, the row's
+    labels the positives (model.loss: sigmoid)."""
+    at = tf.stack([label_seg, tf.cast(label_ids, tf.int32)], axis=1)
+    y = tf.minimum(tf.scatter_nd(at, tf.ones_like(label_seg, tf.float32), tf.shape(z)), 1.0)
+    per_row = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=z), axis=1)
+    return tf.reduce_sum(per_row) / tf.maximum(tf.cast(size, tf.float32), 1.0)
 
 
 def _softmax_xent(z, label_ids, label_seg, label_w, size, smoothing: float = 0.0):

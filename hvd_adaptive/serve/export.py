@@ -9,7 +9,7 @@ trainer uses (data.Batch), so a client sends only the non-zeros:
   n_rows    int32 []      rows in the batch (rows without features are allowed)
 
 and returns `labels` int32 [n_rows, k] and `scores` float32 [n_rows, k], best first: the same
-labels and softmax probabilities as `hvd-adaptive predict`, computed by the same label-blocked
+labels and scores as `hvd-adaptive predict`, computed by the same label-blocked
 top-k (evaluation.py) with its block fixed at export time for `train.eval_memory_mb` and 2,048
 rows a request. The graph holds TensorFlow ops only: loading it needs TensorFlow, not
 hvd_adaptive. A feature id at or beyond the model's features fails the request

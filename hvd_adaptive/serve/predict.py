@@ -9,7 +9,8 @@ only on the checkpoint (near-ties aside); a score's last digit can move with `ba
 (how TensorFlow splits the products; docs/scale.md).
 
 The score of a label is its softmax probability over all labels (the model's training loss
-is a softmax), the normalizer accumulated block by block; lines are `label:score` pairs, best
+is a softmax), the normalizer accumulated block by block, or under model.loss sigmoid the
+label's own sigmoid; lines are `label:score` pairs, best
 first, as napkinXC and omikuji write them.
 
 evaluate computes the trainer's metrics (Evaluator) on a labelled file, with propensities from

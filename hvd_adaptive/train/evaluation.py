@@ -38,6 +38,8 @@ class Evaluator:
         self.model, self.k, self.inv_prop = model, min(k, model.n_labels), inv_prop
         # Rows per chunk: at most `chunk`, fewer when even one k-label block would not fit.
         self.chunk = max(1, min(chunk, int(memory_mb * 2**20 // (4 * max(self.k, 1)))))
+        if model.linear:  # its "hidden activations" are the chunk's dense input rows
+            self.chunk = max(1, min(self.chunk, int(memory_mb * 2**20 // (4 * model.n_features))))
         self.block = plan_blocks(model.n_labels, self.chunk, memory_mb, self.k)
         spec = (tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.float32),
                 tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32))
@@ -80,10 +82,11 @@ class Evaluator:
         return best_v, best_i, lse
 
     def scored_top_k(self, h):
-        """The k best labels of hidden activations `h` and their softmax probabilities over
-        all labels, best first: ([rows x k] int32, [rows x k] float32). Traceable (export)."""
-        v, i, lse = self._topk_blocks(h, scores=True)
-        return i, tf.exp(v - lse[:, None])
+        """The k best labels of hidden activations `h` and their scores, best first: the
+        softmax's probabilities over all labels, or under model.loss sigmoid each label's
+        sigmoid; ([rows x k] int32, [rows x k] float32). Traceable (export)."""
+        v, i, lse = self._topk_blocks(h, scores=not self.model.sigmoid)
+        return i, tf.sigmoid(v) if self.model.sigmoid else tf.exp(v - lse[:, None])
 
     def _per_chunk(self, ds: Dataset, rows: np.ndarray, fn) -> list:
         out = []
@@ -100,7 +103,7 @@ class Evaluator:
         return np.concatenate(out) if out else np.zeros((0, self.k), np.int32)
 
     def top_scores(self, ds: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The k best labels of each row in `rows` and their softmax probabilities, best
+        """The k best labels of each row in `rows` and their scores (`scored_top_k`), best
         first: ([len(rows) x k] int32, [len(rows) x k] float32)."""
         out = self._per_chunk(ds, rows, lambda h: [t.numpy() for t in self._scored(h)])
         if not out:

@@ -232,8 +232,9 @@ def sampled(cfg) -> bool:
 
 
 def fan_in(cfg) -> int:
-    """The output layer's fan-in: the last hidden layer's width."""
-    return cfg.model.hidden[-1]
+    """The output layer's fan-in: the last hidden layer's width (a linear model: WIDTH, no
+    term)."""
+    return cfg.model.hidden[-1] if cfg.model.hidden else WIDTH
 
 
 def norm_rate(norm: float, labels: float, sampled_loss: bool, units: int) -> float:

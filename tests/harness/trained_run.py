@@ -18,14 +18,17 @@ TINY = dict(scale=0.1, n_train=2000, n_test=500, n_features=2000, n_labels=100, 
             labels_mean=2)
 
 
-# The runs the predict, evaluate and export tests read (conftest's `file_runs`), each with sync
-# on 2 ranks, which must learn:
+# The runs the predict, evaluate and export tests read (conftest's `file_runs`), each on 2 ranks
+# (sync unless named), which must learn:
 FILE_RUNS = {
     # with the proportional split (LB-BSP), which must learn like the others (test_resume)
     "predict": ("sync.partition=proportional",),
     # with the sampled output layer: three row-sparse gradients (input layer, output layer,
     # output bias) in its allreduce
     "export": ("model.output=sampled", "model.negatives=20", "model.sampler=frequency"),
+    # a linear model under the sigmoid loss, trained by adaptive SGD (its merges carry the
+    # [features x labels] layer's touched rows) at the rate optim.lr auto chooses
+    "linear": ("model.hidden=[]", "model.loss=sigmoid", "train.algorithm=adaptive", "optim.lr=auto"),
 }
 
 
@@ -78,18 +81,28 @@ def read_predictions(path: Path) -> tuple[np.ndarray, np.ndarray]:
             np.array([[float(b) for _, b in row] for row in pairs]))
 
 
-def numpy_softmax(run: Path, ds) -> np.ndarray:
-    """Softmax over all labels of every row of `ds`, from the newest checkpoint's arrays
-    (model.0 .. model.3: input kernel, bias, output kernel, bias), in float64 numpy."""
+def numpy_scores(run: Path, ds) -> np.ndarray:
+    """Every label's score for every row of `ds` from the newest checkpoint's arrays, in
+    float64 numpy: the softmax over all labels of a one-hidden-layer network (model.0 ..
+    model.3: input kernel, bias, output kernel, bias), or under model.loss sigmoid each
+    label's sigmoid of a linear model (model.hidden [], model.0, model.1: kernel, bias)."""
     ckpt = max((run / "checkpoints").glob("ckpt-*"), key=lambda p: int(p.name.split("-")[1]))
-    w0, b0, w1, b1 = (np.load(ckpt / f"model.{i}.npy").astype(np.float64) for i in range(4))
     config = json.loads((run / "config.json").read_text())
-    if config["model"]["output"] == "sampled":
-        w1 = w1.T  # stored [labels x hidden]
+    linear = not config["model"]["hidden"]
+    arrays = [np.load(ckpt / f"model.{i}.npy").astype(np.float64) for i in range(2 if linear else 4)]
     x = np.zeros((ds.n_rows, ds.n_features))
     rows = np.repeat(np.arange(ds.n_rows), np.diff(ds.indptr))
     np.add.at(x, (rows, ds.indices), ds.values)
-    z = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+    if linear:
+        w, b = arrays
+        z = x @ w + b
+    else:
+        w0, b0, w1, b1 = arrays
+        if config["model"]["output"] == "sampled":
+            w1 = w1.T  # stored [labels x hidden]
+        z = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+    if config["model"]["loss"] == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-z))
     z -= z.max(axis=1, keepdims=True)
     p = np.exp(z)
     return p / p.sum(axis=1, keepdims=True)

@@ -1,5 +1,6 @@
-"""The sampled output layer ([labels x hidden]) through predict and evaluate, and the exported
-SavedModel loaded by a process that never imports hvd_adaptive; one run trained on 1 rank."""
+"""The sampled output layer ([labels x hidden]), and a linear model under the sigmoid loss,
+through predict and evaluate, and the exported SavedModel loaded by a process that never imports
+hvd_adaptive; runs trained on 2 ranks (trained_run.FILE_RUNS "export" and "linear")."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 from hvd_adaptive.data import parse_file
 from tests.harness.mpirun import mpi_env
 from tests.harness.trained_run import (check_against_numpy, cli, folder_hash, last_eval, learned_run,
-                                       numpy_softmax, read_predictions)
+                                       numpy_scores, read_predictions)
 
 
 # Reads XC rows with plain Python and serves them through the SavedModel's signature.
@@ -37,19 +38,19 @@ print(json.dumps({**{k: v.numpy().tolist() for k, v in out.items()},
 """
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, file_runs):
-    run_dir, test_txt, before = learned_run(file_runs, "export")
+@pytest.fixture(scope="module", params=["export", "linear"], ids=["sampled", "linear-sigmoid"])
+def run(request, tmp_path_factory, file_runs):
+    run_dir, test_txt, before = learned_run(file_runs, request.param)
     out = tmp_path_factory.mktemp("export") / "pred.txt"
     p = cli("predict", run_dir, "--data", test_txt, "--out", out, "--k", 3)
     assert p.returncode == 0, p.stderr[-3000:]
     return run_dir, test_txt, before, out
 
 
-def test_sampled_model_predicts_and_evaluates_like_its_run(run, tmp_path):
+def test_the_model_predicts_and_evaluates_like_its_run(run, tmp_path):
     run_dir, test_txt, before, out = run
     labels, scores = read_predictions(out)
-    check_against_numpy(labels, scores, numpy_softmax(run_dir, parse_file(test_txt)))
+    check_against_numpy(labels, scores, numpy_scores(run_dir, parse_file(test_txt)))
     p = cli("evaluate", run_dir, "--data", test_txt, "--out", tmp_path / "m.json")
     assert p.returncode == 0, p.stderr[-3000:]
     got, want = json.loads((tmp_path / "m.json").read_text())["metrics"], last_eval(run_dir)

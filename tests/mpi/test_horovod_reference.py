@@ -10,7 +10,8 @@ from tests.harness.mpirun import explain, mpirun, records, train
 
 
 CASES = ["sgd", "momentum", "adagrad", "rowwise_adagrad", "rowwise_adagrad:deep", "rowwise_adagrad:acc",
-         "rowwise_adagrad:smooth", "rowwise_adagrad:timed", "rowwise_adagrad:sampled"]
+         "rowwise_adagrad:smooth", "rowwise_adagrad:timed", "rowwise_adagrad:sampled",
+         "rowwise_adagrad:linear"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from hvd_adaptive.cli import main
 from hvd_adaptive.data import parse_file
 from hvd_adaptive.model.metrics import finalize, metric_sums
 from tests.harness.trained_run import (check_against_numpy, cli, folder_hash, last_eval, learned_run,
-                                       numpy_softmax, read_predictions)
+                                       numpy_scores, read_predictions)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_predictions_are_the_models_and_the_runs_top_k(run):
     want = last_eval(run_dir)
     for name, value in ours.items():
         assert round(value, 5) == pytest.approx(want[name], abs=1e-5), name
-    check_against_numpy(labels, scores, numpy_softmax(run_dir, test))
+    check_against_numpy(labels, scores, numpy_scores(run_dir, test))
     assert folder_hash(run_dir) == before
 
 

@@ -128,6 +128,71 @@ def test_gradient_is_row_sparse_and_matches_finite_differences():
     assert np.all(dense0[[2, 4]] == 0)                  # untouched rows have no gradient
 
 
+def dense_rows(b, n_features):
+    x = np.zeros((b.size, n_features))
+    np.add.at(x, (b.feat_seg, b.feat_ids), b.feat_vals)
+    return x
+
+
+def test_a_linear_model_is_the_rows_times_one_weight_a_feature_and_label():
+    m = SparseMLP(6, 4, ModelConfig(hidden=[]))
+    assert [v.shape.as_list() for v in m.variables_list] == [[6, 4], [4]]
+    assert all(not v.numpy().any() for v in m.variables_list)  # from zero
+    rng = np.random.default_rng(0)
+    for v in m.variables_list:
+        v.assign(rng.normal(size=v.shape).astype(np.float32))
+    b = tiny_batch()
+    x = dense_rows(b, 6)
+    w, bias = (v.numpy().astype(np.float64) for v in m.variables_list)
+    t = batch_tensors(b)
+    z = m.logits(t[0], t[1], t[2], t[6]).numpy()
+    np.testing.assert_allclose(z, x @ w + bias, rtol=1e-5)
+    h = m.hidden(t[0], t[1], t[2], t[6])  # evaluation's input: the dense rows
+    np.testing.assert_allclose(h.numpy(), x, rtol=1e-6)
+    np.testing.assert_allclose(m.block_logits(h, 1, 3).numpy(), z[:, 1:3], rtol=1e-5)
+    assert float(m.loss(*t)) == pytest.approx(numpy_loss_of_logits(x @ w + bias, b), rel=1e-5)
+    with tf.GradientTape() as tape:
+        loss = m.loss(*t)
+    g = tape.gradient(loss, m.variables_list)[0]
+    assert isinstance(g, tf.IndexedSlices)  # only the batch's feature rows
+    assert set(g.indices.numpy().tolist()) == {0, 1, 3, 5}
+    assert m.row_masks == [RowMask(TouchedRows.FEATURES), RowMask(TouchedRows.LABELS, sparse=False)]
+    assert m.row_axes == [0, None]
+    assert m.touched.numpy()[TouchedRows.FEATURES].nonzero()[0].tolist() == [0, 1, 3, 5]
+
+
+def numpy_loss_of_logits(z, b):
+    """The softmax loss of numpy_loss from logits `z`."""
+    lse = np.log(np.exp(z - z.max(1, keepdims=True)).sum(1)) + z.max(1)
+    y = np.zeros_like(z)
+    np.add.at(y, (b.label_seg, b.label_ids), b.label_w)
+    has = y.sum(1)
+    return float(((has * lse) - (y * z).sum(1)).sum() / has.sum())
+
+
+@pytest.mark.parametrize("hidden", [[], [5]])
+def test_the_sigmoid_loss_is_every_labels_logistic_loss_averaged_over_the_rows(hidden):
+    m = SparseMLP(6, 4, ModelConfig(hidden=hidden, loss="sigmoid", init_seed=2))
+    rng = np.random.default_rng(1)
+    m.variables_list[0].assign(rng.normal(size=m.variables_list[0].shape).astype(np.float32))
+    b = tiny_batch()
+    t = batch_tensors(b)
+    z = m.logits(t[0], t[1], t[2], t[6]).numpy().astype(np.float64)
+    y = np.zeros_like(z)
+    y[b.label_seg, b.label_ids] = 1.0
+    # every row counts, the unlabelled row 2 with every label negative
+    want = (np.log1p(np.exp(-np.abs(z))) + np.maximum(z, 0) - y * z).sum() / b.size
+    assert float(m.loss(*t)) == pytest.approx(want, rel=1e-5)
+    assert float(m.loss(*t)) != pytest.approx(numpy_loss_of_logits(z, b), rel=1e-2)
+
+
+def test_a_linear_model_larger_than_it_takes_is_a_clear_error():
+    from hvd_adaptive.config import ConfigError
+    from hvd_adaptive.model.network import LINEAR_MAX_WEIGHTS
+    with pytest.raises(ConfigError, match=r"model.hidden: \[\] \(a linear model\) needs 65,536 features"):
+        SparseMLP(2 ** 16, LINEAR_MAX_WEIGHTS // 2 ** 16 + 1, ModelConfig(hidden=[]))
+
+
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adagrad"])
 def test_optimizers_lower_the_loss_and_update_lazily(name):
     m = SparseMLP(6, 4, ModelConfig(hidden=[5], init_seed=5))
@@ -458,6 +523,9 @@ def test_output_auto_takes_the_sampled_loss_from_its_label_count(n_labels, smoot
     assert m.layers[-1].shape.as_list() == ([n_labels, 2] if m.sampled else [2, n_labels])
     for pinned in ("full", "sampled"):  # a pinned loss is used as given
         assert output_for(ModelConfig(output=pinned), n_labels).output == pinned
+    # a linear model and the sigmoid loss read every label: auto is full for them
+    assert output_for(ModelConfig(hidden=[]), n_labels).output == "full"
+    assert output_for(ModelConfig(loss="sigmoid"), n_labels).output == "full"
 
 
 def test_the_shipped_workloads_resolve_the_loss_their_tables_were_measured_at():

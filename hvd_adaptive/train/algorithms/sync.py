@@ -99,9 +99,11 @@ class Sync(Algorithm):
             return loss
 
         self._gradient, self._allreduce, self._update, self._fused = gradient, allreduce, update, fused
-        # The dense output layer (full softmax) is the one sharded; sampled layers are row-sparse.
+        # The dense output layer (full softmax) is the one sharded; sampled layers and a linear
+        # model's are row-sparse.
         self.sharded = None
-        if (shard_update or self.cfg.sync.shard_update) and n > 1 and not self.model.sampled:
+        if ((shard_update or self.cfg.sync.shard_update) and n > 1 and not self.model.sampled
+                and not self.model.linear):
             self.sharded = ShardedUpdate(self, len(self.variables) - 2)
         # Decided from the config alone, so every rank takes the same step (the timed step's
         # barrier and the fused step's allreduce must meet their peers').

@@ -3,11 +3,12 @@ project's maths: from the same initial weights, on the same global batches, its 
 project's `sync` steps leave the same weights and optimizer state.
 
 Usage: mpirun -np 2 python tests/mpi/ranks/horovod_reference_ranks.py CASE [CASE ...]
-  CASE: OPTIMIZER[:deep|:acc|:smooth|:timed] (sgd, momentum, adagrad, rowwise_adagrad; `deep`:
-  two hidden layers, so a dense hidden kernel sits between the row-sparse input layer and the
-  output layer; `acc`: accumulators starting at optim.initial_accumulator 0.1; `smooth`: label
-  smoothing; `timed`: sync's timed step instead of its fused one); the cases run one after
-  another in the same ranks.
+  CASE: OPTIMIZER[:deep|:acc|:smooth|:timed|:sampled|:linear] (sgd, momentum, adagrad,
+  rowwise_adagrad; `deep`: two hidden layers, so a dense hidden kernel sits between the
+  row-sparse input layer and the output layer; `acc`: accumulators starting at
+  optim.initial_accumulator 0.1; `smooth`: label smoothing; `timed`: sync's timed step instead
+  of its fused one; `sampled`: the sampled loss; `linear`: no hidden layer and the sigmoid
+  loss); the cases run one after another in the same ranks.
 
 Per case both are built on the tiny config: the project's Sync algorithm (as the trainer builds
 it, broadcast and traced) and the plain script's model, optimizer and tf.function step. The
@@ -100,6 +101,7 @@ def check(case: str, c) -> None:
         *(["optim.initial_accumulator=0.1"] if shape == "acc" else []),
         *(["model.label_smoothing=0.1"] if shape == "smooth" else []),
         *(["sync.step=timed"] if shape == "timed" else []),
+        *(["model.hidden=[]", "model.loss=sigmoid"] if shape == "linear" else []),
         *(["model.output=sampled", "model.negatives=20", "model.sampler=frequency"]
           if shape == "sampled" else [])])
     from hvd_adaptive.train.algorithms.base import RoundStats
