@@ -173,7 +173,9 @@ def main(argv=None) -> int:
                   ", ".join(f"{k} {v:.2f}" for k, v in per.items()))
         if a.ops:
             with tf.device("/CPU:0"):
-                print("\n".join(_op_costs(train, cfg.model.hidden[0])), flush=True)
+                # the row-sparse layer's width: the input layer's, or a linear model's labels
+                width = cfg.model.hidden[0] if cfg.model.hidden else train.n_labels
+                print("\n".join(_op_costs(train, width)), flush=True)
     return 0
 
 

@@ -257,7 +257,8 @@ class SparseMLP(tf.Module):
         labels (output: full) or over a sampled candidate set (output: sampled); under
         model.loss sigmoid, one logistic loss a label (`_sigmoid_xent`).
 
-        Rows without labels carry no target and are left out of the mean. In training,
+        Rows without labels carry no target and are left out of the softmax's mean (the
+        sigmoid's counts them, every label negative). In training,
         `touched` marks the batch's features, and its labels: the candidates (sampled) or the
         positives (full softmax).
         """
@@ -280,8 +281,8 @@ class SparseMLP(tf.Module):
     def loss_and_top(self, feat_ids, feat_vals, feat_seg, label_ids, label_seg, label_w, size,
                      labels, corrections, k: int = 5, top_labels=None):
         """The probe's judge (hvd_adaptive.train.tune.HeldOut): the softmax's cross-entropy
-        (whatever `output` and `loss`; the loss a sampled model approximates) and each row's k best label
-        ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over every label
+        (whatever `output` and `loss`; the loss a sampled model approximates) and each row's k
+        best label ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over every label
         when `labels` is empty, else over `labels` alone (ascending, holding every label of the
         rows), their logits less `corrections` in the loss (tune.judge_labels)."""
         h = self.hidden(feat_ids, feat_vals, feat_seg, size)

@@ -3,8 +3,8 @@
 The rule (`rule`, `optim.lr_choice: rule`, for Adagrad-type optimizers): ADAGRAD_STEP over the
 square root of the training rows' median L1 norm, over the fourth root of their mean labels a
 row in units of LABELS_A_ROW where they have more, over the square root of the last hidden
-layer's width in units of WIDTH where it is wider, and times SAMPLED_STEP under the sampled
-loss (`centre`), read from the rows and the config, no training.
+layer's width in units of WIDTH where it is wider (a linear model has no such term), and times
+SAMPLED_STEP under the sampled loss (`centre`), read from the rows and the config, no training.
 
 The probe (`search`, `optim.lr_choice: probe`, and for the other optimizers):
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
@@ -353,20 +353,22 @@ class HeldOut:
     """The probe's judge: its held-out rows in chunks whose logits over the judged labels fit in
     `memory_mb`, at least `pieces` of them (the ranks that share the start's judgement), each
     chunk's batch built once by `make_batch` (rows of `ds` -> the batch the caller's scoring
-    function takes) and followed by `labels` (`judge_labels`); `width`: the labels it scores."""
+    function takes) and followed by `labels` (`judge_labels`); `width`: the labels it scores.
+    `row_floats`: floats a row the scoring holds beside its logits (a linear model's dense
+    input rows: the features)."""
 
     def __init__(self, ds, rows: np.ndarray, memory_mb: float,
                  make_batch: Callable[[np.ndarray], tuple], pieces: int = 1,
-                 labels: tuple[np.ndarray, np.ndarray] = EVERY_LABEL):
+                 labels: tuple[np.ndarray, np.ndarray] = EVERY_LABEL, row_floats: int = 0):
         self.labels, self.width = labels, len(labels[0]) or ds.n_labels
         self.parts = [((*make_batch(r), *labels), ds.subset(r))
-                      for r in self.chunks(ds, rows, memory_mb, pieces, self.width)]
+                      for r in self.chunks(ds, rows, memory_mb, pieces, self.width + row_floats)]
 
     @staticmethod
     def chunks(ds, rows: np.ndarray, memory_mb: float, pieces: int = 1,
                width: int = 0) -> list[np.ndarray]:
-        """`rows` cut into the judge's chunks (non-empty, in order), each chunk's logits over
-        `width` labels (0: every label) within `memory_mb`."""
+        """`rows` cut into the judge's chunks (non-empty, in order), each chunk's `width`
+        floats a row (0: a logit a label) within `memory_mb`."""
         per = max(1, int(memory_mb * 2**20 // (4 * max(width or ds.n_labels, 1))))
         cut = np.array_split(rows, max(1, pieces, math.ceil(len(rows) / per)))
         return [r for r in cut if len(r)]
@@ -637,7 +639,8 @@ def search(cfg, ds, make_batch: Callable[[np.ndarray], tuple], step: Callable[..
     train_rows, held_rows = probe_rows(ds.n_rows, cfg.train.batch_size)
     steps = [make_batch(b) for b in probe_batches(train_rows)]
     held = HeldOut(ds, held_rows, cfg.train.eval_memory_mb, make_batch, size,
-                   judge_labels(ds, train_rows, held_rows))
+                   judge_labels(ds, train_rows, held_rows),
+                   row_floats=ds.n_features if cfg.model.linear else 0)
 
     with unchanged() as restore:
         moved = False  # whether a candidate has trained since the start was last put back

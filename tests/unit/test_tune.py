@@ -391,6 +391,10 @@ def test_the_judge_scores_the_held_out_rows_in_chunks_that_fit_the_memory():
     sizes = [3, 3, 2, 1]   # rows with labels in each (the last row has none)
     assert loss == pytest.approx(sum(a * b for a, b in zip(starts, sizes)) / 9)
     assert p5 == pytest.approx(9 / (5 * n))  # rows 0 to 8 hit once each (row 9 has no label)
+    # A linear model's judge holds its dense input rows too: as many floats again a row, so
+    # the memory of three rows' logits holds one row a chunk.
+    wide = tune.HeldOut(ds, rows, memory_mb, lambda r: (r,), row_floats=labels)
+    assert [len(r) for (r, *_), _ in wide.parts] == [1] * n
     # Two ranks that split the chunks add up to the whole; at least `pieces` chunks.
     split = tune.HeldOut(ds, rows, 1000.0, lambda r: (r,), pieces=2)
     assert len(split.parts) == 2
