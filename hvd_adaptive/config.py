@@ -150,7 +150,8 @@ class ModelConfig:
     correction; a step's cost follows the candidates, and the output layer's gradient and
     optimizer update touch only their rows. Evaluation always ranks all labels.
     auto: sampled with negatives by frequency from SAMPLED_FROM_LABELS labels on (without
-    label smoothing, a linear model or the sigmoid loss), else full (`output_for`; docs/scale.md)."""
+    label smoothing, a linear model or the sigmoid loss), else full (`output_for`;
+    docs/scale.md)."""
     negatives: int = 4096
     """sampled: distinct negatives expected per batch (drawn with replacement, each kept once;
     positives are always in)."""
@@ -173,10 +174,11 @@ class ModelConfig:
                               f"got {self.hidden}")
         if self.linear and self.output == "sampled":
             raise ConfigError(f"{path}.hidden: [] (a linear model) reads every label's weights of "
-                              f"the batch's features: {path}.output must be full or auto, got sampled")
+                              f"the batch's features: {path}.output must be full or auto, got "
+                              "sampled")
         if self.linear and self.dropout > 0:
-            raise ConfigError(f"{path}.dropout: acts on hidden activations, which {path}.hidden: [] "
-                              "(a linear model) has none of; set it to 0")
+            raise ConfigError(f"{path}.dropout: acts on hidden activations, which "
+                              f"{path}.hidden: [] (a linear model) has none of; set it to 0")
         if self.loss == "sigmoid" and (self.output == "sampled" or self.label_smoothing > 0):
             raise ConfigError(f"{path}.loss: sigmoid scores every label, with {path}.output full "
                               f"or auto and no {path}.label_smoothing (got output {self.output}, "

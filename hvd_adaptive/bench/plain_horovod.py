@@ -105,7 +105,8 @@ class Net(tf.Module):
         sizes = [n_features, *mcfg.hidden, n_labels]
         # The sampled loss gathers the output layer's rows: it is stored [labels x hidden].
         self.sampled, self.n_labels = mcfg.output == "sampled", n_labels
-        self.linear, self.sigmoid, self.n_features = not mcfg.hidden, mcfg.loss == "sigmoid", n_features
+        self.linear, self.sigmoid = not mcfg.hidden, mcfg.loss == "sigmoid"
+        self.n_features = n_features
         self.kernels, self.biases = [], []
         for a, b in zip(sizes[:-1], sizes[1:]):
             limit = math.sqrt(6.0 / (a + b))

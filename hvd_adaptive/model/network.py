@@ -282,9 +282,9 @@ class SparseMLP(tf.Module):
                      labels, corrections, k: int = 5, top_labels=None):
         """The probe's judge (hvd_adaptive.train.tune.HeldOut): the softmax's cross-entropy
         (whatever `output` and `loss`; the loss a sampled model approximates) and each row's k
-        best label ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over every label
-        when `labels` is empty, else over `labels` alone (ascending, holding every label of the
-        rows), their logits less `corrections` in the loss (tune.judge_labels)."""
+        best label ids, by `top_labels(logits, k)` (default `tf.math.top_k`'s indices), over
+        every label when `labels` is empty, else over `labels` alone (ascending, holding every
+        label of the rows), their logits less `corrections` in the loss (tune.judge_labels)."""
         h = self.hidden(feat_ids, feat_vals, feat_seg, size)
         w, b = self.layers[-1], self.biases[-1]
 
