@@ -221,6 +221,12 @@ def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
 # first steps of about lr, which a start of s keeps for gradients above sqrt(s) (docs/accuracy.md,
 # "A small first accumulator").
 AUTO_MAX_INITIAL_ACCUMULATOR = 1e-6
+# Where a linear model's weights (its row-sparse layer) start under optim.initial_accumulator_rows
+# auto. On the npm data's 742 and 7,390 labels, from 1e-6 the kept P@1 was 0.800 and 0.804 at
+# the rule's rate against 0.788 and 0.782 from 0, and within 0.5 points from 1 to 8 times that
+# rate where from 0 twice the rate cost 1.1-1.2 points; 1e-5 wanted twice the rate, 1e-4 lost
+# 3 points (docs/accuracy.md, "The linear model's rows start above zero").
+LINEAR_ROWS_START = 1e-6
 
 
 @dataclass(frozen=True)
@@ -274,12 +280,17 @@ class OptimConfig:
     at 1.01-1.10x the time to its early targets, and reached the PyPI and synthetic targets
     sooner; 0.001 and above stopped the learning (docs/accuracy.md, "A small first
     accumulator")."""
-    initial_accumulator_rows: bool = False
-    """Whether the row-sparse layers (the input layer; the sampled output layer) start from
-    optim.initial_accumulator too. false, the default: they start from 0 and the others (the
-    hidden layers, the full softmax's output layer, the biases) from initial_accumulator. On
-    the npm data a start of 1e-9 on the input layer gained nothing and cost 1.37-1.54x the time
-    to the early targets (docs/accuracy.md, "A small first accumulator")."""
+    initial_accumulator_rows: Union[Literal["auto"], bool, float] = "auto"
+    """Where the row-sparse layers' accumulators (the input layer, a linear model's weights, the
+    sampled output layer) start: false at 0, true at optim.initial_accumulator, a number at that
+    value (up to AUTO_MAX_INITIAL_ACCUMULATOR under optim.lr auto). auto, the default: a linear
+    model's at LINEAR_ROWS_START, a network's at 0 (`rows_start`). From 0, a weight's first
+    step is about lr whatever its gradient, so a feature seen in a row or two takes a full step
+    towards that row's labels; from 1e-6 the linear model kept 1.4-2.2 points more P@1 on the
+    npm data and stopped wanting a rate lower than the rule's (docs/accuracy.md, "The linear
+    model's rows start above zero"). On the network's input layer a start of 1e-9 gained nothing
+    on the npm data and cost 1.37-1.54x the time to the early targets (docs/accuracy.md, "A
+    small first accumulator")."""
     weight_decay: float = 0.0
     """L2 decay added to the gradient of the rows/parameters an update touches."""
     plateau: float = 1.0
@@ -292,15 +303,23 @@ class OptimConfig:
     plateau_epochs: float = 1.0
     """Epochs without a gain in validation P@1 before optim.plateau cuts the rate."""
 
-    def start(self, row_sparse: bool) -> float:
+    def rows_start(self, linear: bool) -> float:
+        """The row-sparse layers' start under optim.initial_accumulator_rows, for a linear
+        model or a network."""
+        rows = self.initial_accumulator_rows
+        if rows == "auto":
+            return LINEAR_ROWS_START if linear else 0.0
+        if isinstance(rows, bool):
+            return self.initial_accumulator if rows else 0.0
+        return float(rows)
+
+    def start(self, row_sparse: bool, linear: bool = False) -> float:
         """The value a layer's optimizer state starts from: initial_accumulator for Adagrad and
-        row-wise Adagrad, except on the row-sparse layers (the input layer, the sampled output
-        layer) under initial_accumulator_rows false; 0 for the other optimizers."""
+        row-wise Adagrad, except on the row-sparse layers (the input layer, a linear model's
+        weights, the sampled output layer): `rows_start`; 0 for the other optimizers."""
         if self.name not in ("adagrad", "rowwise_adagrad"):
             return 0.0
-        if row_sparse and not self.initial_accumulator_rows:
-            return 0.0
-        return self.initial_accumulator
+        return self.rows_start(linear) if row_sparse else self.initial_accumulator
 
     def validate(self, path: str) -> None:
         _positive(self, path, "eps", "plateau_epochs")
@@ -309,6 +328,10 @@ class OptimConfig:
         if self.initial_accumulator < 0:
             raise ConfigError(f"{path}.initial_accumulator: must be >= 0, got "
                               f"{self.initial_accumulator}")
+        rows = self.initial_accumulator_rows
+        if not isinstance(rows, (bool, str)) and rows < 0:
+            raise ConfigError(f"{path}.initial_accumulator_rows: auto, true, false or a number "
+                              f">= 0, got {rows}")
         _positive(self, path, "lr_scale")
         if self.lr != "auto":
             _positive(self, path, "lr")
@@ -317,15 +340,18 @@ class OptimConfig:
                     f"{path}.lr_scale: scales the rate {path}.lr auto chooses, but {path}.lr is "
                     f"pinned at {self.lr:g}; pin the rate you want ({self.lr * self.lr_scale:g}?) "
                     "or set lr auto")
-        elif (self.initial_accumulator > AUTO_MAX_INITIAL_ACCUMULATOR
-              and self.name in ("adagrad", "rowwise_adagrad")):
+        elif self.name in ("adagrad", "rowwise_adagrad"):
             # The probe's centre and its 32 steps assume Adagrad's first steps of about lr.
-            raise ConfigError(
-                f"{path}.lr: auto takes {path}.initial_accumulator up to "
-                f"{AUTO_MAX_INITIAL_ACCUMULATOR:g} with {self.name}, got "
-                f"{self.initial_accumulator:g}: its rule and probe assume Adagrad's first steps of "
-                "about lr, which larger accumulators shorten (docs/accuracy.md); pin optim.lr "
-                "or start the accumulators lower")
+            for key, value in (("initial_accumulator", self.initial_accumulator),
+                               ("initial_accumulator_rows", max(self.rows_start(True),
+                                                                self.rows_start(False)))):
+                if value > AUTO_MAX_INITIAL_ACCUMULATOR:
+                    raise ConfigError(
+                        f"{path}.lr: auto takes {path}.{key} up to "
+                        f"{AUTO_MAX_INITIAL_ACCUMULATOR:g} with {self.name}, got {value:g}: its "
+                        "rule and probe assume Adagrad's first steps of about lr, which larger "
+                        "accumulators shorten (docs/accuracy.md); pin optim.lr or start the "
+                        "accumulators lower")
         if self.weight_decay < 0:
             raise ConfigError(f"{path}.weight_decay: must be >= 0, got {self.weight_decay}")
         for k in ("momentum", "beta1", "beta2"):

@@ -224,7 +224,7 @@ class Optimizer(tf.Module):
     rowwise_adagrad as the project defines it: one accumulator a row of the input layer
     (acc[r] += mean_j g[r, j]^2; w[r] -= lr g[r] / (sqrt(acc[r]) + eps)), Adagrad elsewhere."""
 
-    def __init__(self, ocfg, variables, rows=(0,)):
+    def __init__(self, ocfg, variables, rows=(0,), linear=False):
         super().__init__(name="plain_opt")
         # A variable, so optim.lr auto can set the chosen rate without retracing.
         self.cfg = ocfg
@@ -233,9 +233,11 @@ class Optimizer(tf.Module):
         self.rows = rows if ocfg.name == "rowwise_adagrad" else ()
         shapes = [[v.shape[0], 1] if i in self.rows else v.shape for i, v in enumerate(variables)]
         # Each state starts where the config says (OptimConfig.start: the row-sparse layers, the
-        # input layer and the sampled output layer, at 0 unless optim.initial_accumulator_rows).
+        # input layer, a linear model's weights and the sampled output layer, where
+        # optim.initial_accumulator_rows says, for a linear model or a network).
         self.slots = ([] if ocfg.name == "sgd" else
-                      [tf.Variable(tf.fill(s, ocfg.start(i in rows))) for i, s in enumerate(shapes)])
+                      [tf.Variable(tf.fill(s, ocfg.start(i in rows, linear)))
+                       for i, s in enumerate(shapes)])
 
     def apply(self, grads, variables):
         c = self.cfg
@@ -277,7 +279,8 @@ class PlainHorovod:
     def __init__(self, cfg, n_features: int, n_labels: int, label_freq=None):
         self.net = Net(n_features, n_labels, cfg.model, label_freq, stream=hvd.rank())
         out = len(self.net.ordered) - 2  # the output layer's kernel
-        self.opt = Optimizer(cfg.optim, self.net.ordered, (0, out) if self.net.sampled else (0,))
+        self.opt = Optimizer(cfg.optim, self.net.ordered, (0, out) if self.net.sampled else (0,),
+                             linear=not cfg.model.hidden)
         variables = self.net.ordered
 
         @tf.function(input_signature=SIGNATURE, autograph=False)

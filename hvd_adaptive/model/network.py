@@ -411,12 +411,14 @@ class Optimizer(tf.Module):
     the target at 67,009 labels (docs/benchmark.md, "Where the defaults come from"), so that
     layer keeps Adagrad's.
 
+    The states start at OptimConfig.start (`linear`: the variables are a linear model's, whose
+    row-sparse layer starts at its own value under optim.initial_accumulator_rows auto).
     The learning rate is a tf.Variable so per-rank schedules change it without retracing.
     Weight decay is added to the gradient of the parameters an update touches.
     """
 
     def __init__(self, variables: Sequence[tf.Variable], cfg: OptimConfig,
-                 row_axes: Optional[Sequence[Optional[int]]] = None):
+                 row_axes: Optional[Sequence[Optional[int]]] = None, linear: bool = False):
         super().__init__(name="optimizer")
         self.cfg = cfg
         # optim.lr "auto" is set once the probe has chosen (hvd_adaptive.train.tune).
@@ -428,14 +430,15 @@ class Optimizer(tf.Module):
         self.row_axes = list(row_axes) if row_axes is not None else [None] * len(variables)
         nslots = {"sgd": 0, "momentum": 1, "adagrad": 1, "rowwise_adagrad": 1, "adam": 2}[cfg.name]
         self.slots = [[tf.Variable(tf.fill(self._slot_shape(v, axis),
-                                           cfg.start(axis is not None)),
+                                           cfg.start(axis is not None, linear)),
                                    trainable=False)
                        for _ in range(nslots)] for v, axis in zip(variables, self.row_axes)]
 
     @classmethod
     def for_model(cls, model: "SparseMLP", cfg: OptimConfig) -> "Optimizer":
-        """The optimizer of a model's variables, with the model's row axes."""
-        return cls(model.variables_list, cfg, model.row_axes)
+        """The optimizer of a model's variables, with the model's row axes (and its rows'
+        start: a linear model's, OptimConfig.rows_start)."""
+        return cls(model.variables_list, cfg, model.row_axes, linear=model.linear)
 
     def _slot_shape(self, v: tf.Variable, axis: Optional[int]) -> list[int]:
         """A weight's shape, or for row-wise Adagrad's layers with rows one value a row, kept

@@ -106,6 +106,10 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
             algo.set_lr(choice.lr)
             run.position.wall += choice.seconds
             log.say(choice.line())
+        rows_start = cfg.optim.start(True, cfg.model.linear)
+        if cfg.optim.initial_accumulator_rows == "auto" and rows_start > 0:
+            log.say(f"optim.initial_accumulator_rows auto: a linear model's weights start their "
+                    f"accumulators at {rows_start:g}")
         if run.plateau():
             log.say(f"optim.plateau: the rate x{cfg.optim.plateau:g} after "
                     f"{cfg.optim.plateau_epochs:g} epoch(s) without a gain in validation P@1")
@@ -119,7 +123,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
                     horovod_cycle_ms=float(os.environ.get("HOROVOD_CYCLE_TIME", "nan")),
                     mpi_yield_when_idle=mpi_control_variable("mpi_yield_when_idle"),
                     calibration_s=round(t_cal, 3), lr=float(algo.cfg.optim.lr),
-                    lr_plateau=run.plateau(),
+                    lr_plateau=run.plateau(), rows_start=rows_start,
                     lr_choice=choice.record() if choice is not None else None)
         if resumed:
             log.record(event="resume", round=resumed["round"], wall_s=resumed["wall"], **head)

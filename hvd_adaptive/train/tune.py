@@ -3,8 +3,9 @@
 The rule (`rule`, `optim.lr_choice: rule`, for Adagrad-type optimizers): ADAGRAD_STEP over the
 square root of the training rows' median L1 norm, over the fourth root of their mean labels a
 row in units of LABELS_A_ROW where they have more, over the square root of the last hidden
-layer's width in units of WIDTH where it is wider (a linear model has no such term), and times
-SAMPLED_STEP under the sampled loss (`centre`), read from the rows and the config, no training.
+layer's width in units of WIDTH where it is wider, and times SAMPLED_STEP under the sampled
+loss (`centre`), read from the rows and the config, no training; for a linear model
+LINEAR_RATE.
 
 The probe (`search`, `optim.lr_choice: probe`, and for the other optimizers):
 Every candidate rate trains the same rows from the same start for a few steps and is judged on
@@ -64,6 +65,14 @@ SAMPLED_STEP = 2 ** -0.5
 # the square root of the output layer's fan-in over WIDTH, as it does with a row's L1 norm;
 # below WIDTH it was not measured and is not raised.
 WIDTH = 128
+# A linear model's rate (model.hidden []), whatever its rows: its weights start their
+# accumulators above zero (config.LINEAR_ROWS_START), and from there its best rate did not follow
+# the rows' L1 norm. On synthetic rows of L1 norm 3.2 and 9.9 at the same 1,000 labels the best
+# rates measured were 1.1-2.3 and 1.3 (the highest tried); at 4,000 and 7,390 labels, with label
+# noise or rare features 0.3-0.6; on the EURLex shape (L1 10.7) 0.6 (the highest tried); on the
+# npm data (L1 2.6) every rate from 0.16 to 2.0 kept P@1 within a point. At 0.5 every shape was
+# within 1.5 points of its best (docs/accuracy.md, "The linear model's rows start above zero").
+LINEAR_RATE = 0.5
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 ADAGRADS = ("adagrad", "rowwise_adagrad")
 MAX_DOUBLINGS = 8       # the search extends at most 2^8 either way from the centre
@@ -220,9 +229,11 @@ def labels_a_row(ds, rows: np.ndarray) -> float:
 def centre(cfg, ds, rows: np.ndarray) -> float:
     """The rate the search starts from, and the rule's choice (`rule`), under the run's config
     `cfg` (its model.output resolved): for adagrad and rowwise_adagrad `norm_rate` of `rows` of
-    the dataset `ds`, else CENTRES."""
+    the dataset `ds` (a linear model: LINEAR_RATE), else CENTRES."""
     if cfg.optim.name not in ADAGRADS:
         return CENTRES[cfg.optim.name]
+    if cfg.model.linear:
+        return LINEAR_RATE
     return norm_rate(median_l1(ds, rows), labels_a_row(ds, rows), sampled(cfg), fan_in(cfg))
 
 
@@ -232,9 +243,9 @@ def sampled(cfg) -> bool:
 
 
 def fan_in(cfg) -> int:
-    """The output layer's fan-in: the last hidden layer's width (a linear model: WIDTH, no
-    term)."""
-    return cfg.model.hidden[-1] if cfg.model.hidden else WIDTH
+    """The output layer's fan-in: the last hidden layer's width (0 for a linear model, whose
+    rate is LINEAR_RATE)."""
+    return cfg.model.hidden[-1] if cfg.model.hidden else 0
 
 
 def norm_rate(norm: float, labels: float, sampled_loss: bool, units: int) -> float:
@@ -261,11 +272,17 @@ class RuleChoice:
     seconds: float         # the slowest rank's, charged to the clock
     method: str = "rule"
     scale: float = 1.0     # optim.lr_scale, in `lr`
+    linear: bool = False   # a linear model's: LINEAR_RATE
 
     def record(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
     def line(self) -> str:
+        if self.linear:
+            return (f"optim.lr auto: {self.lr:g} (the rule for a linear model: {LINEAR_RATE:g} "
+                    f"whatever the rows; {self.rows} training rows read, median L1 norm "
+                    f"{self.median_l1:.4g}{scaled(self.scale)}; {self.seconds:.3f} s, charged "
+                    "to the clock)")
         labels = (f", and over ({self.labels_a_row:.3g} labels a row / {LABELS_A_ROW:g}) ** 0.25"
                   if self.labels_a_row > LABELS_A_ROW else "")
         wide = (f", and over ({self.width} hidden units / {WIDTH}) ** 0.5"
@@ -321,9 +338,11 @@ def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
     norm, loss, units = median_l1(ds, rows), sampled(cfg), fan_in(cfg)
-    lr, norm, labels = allgather((norm_rate(norm, labels, loss, units), norm, labels))[0]
+    lr = LINEAR_RATE if cfg.model.linear else norm_rate(norm, labels, loss, units)
+    lr, norm, labels = allgather((lr, norm, labels))[0]
     return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=loss, rows=len(rows),
-                      width=units, seconds=max(allgather(time.perf_counter() - t0)))
+                      width=units, seconds=max(allgather(time.perf_counter() - t0)),
+                      linear=cfg.model.linear)
 
 
 def judge_labels(ds, train_rows: np.ndarray, held_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

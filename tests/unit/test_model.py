@@ -549,13 +549,17 @@ def test_the_shipped_workloads_resolve_the_loss_their_tables_were_measured_at():
 
 @pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
 @pytest.mark.parametrize("sampled", [False, True])
-@pytest.mark.parametrize("rows", [True, False])
-def test_the_row_sparse_layers_start_at_zero_unless_initial_accumulator_rows(name, sampled, rows):
-    """optim.initial_accumulator starts every Adagrad state; with optim.initial_accumulator_rows
-    false the row-sparse layers' (the input layer; the sampled output layer) start at 0 and the
-    others' (hidden layer, full softmax output layer, biases) at the start, in the project's
+@pytest.mark.parametrize("rows", [True, False, "auto", 0.25])
+@pytest.mark.parametrize("linear", [False, True])
+def test_the_row_sparse_layers_start_where_initial_accumulator_rows_says(name, sampled, rows,
+                                                                         linear):
+    """optim.initial_accumulator starts every Adagrad state but the row-sparse layers' (the
+    input layer or a linear model's weights; the sampled output layer), which start at 0 under
+    optim.initial_accumulator_rows false, at the start under true, at a number given, and under
+    auto at LINEAR_ROWS_START for a linear model and at 0 for a network, in the project's
     optimizer and in the plain Horovod script's alike."""
     from hvd_adaptive.bench import plain_horovod
+    from hvd_adaptive.config import LINEAR_ROWS_START
 
     rng = np.random.default_rng(7)
     table, hidden, out, bias = (tf.Variable(rng.normal(size=s).astype(np.float32))
@@ -563,11 +567,29 @@ def test_the_row_sparse_layers_start_at_zero_unless_initial_accumulator_rows(nam
     variables = [table, hidden, out, bias]
     cfg = OptimConfig(name=name, lr=0.1, initial_accumulator=0.5, initial_accumulator_rows=rows)
     row_sparse = [True, False, sampled, False]
-    opt = Optimizer(variables, cfg, row_axes=[0 if r else None for r in row_sparse])
-    want = [0.0 if r and not rows else 0.5 for r in row_sparse]
+    opt = Optimizer(variables, cfg, row_axes=[0 if r else None for r in row_sparse], linear=linear)
+    rows_at = {True: 0.5, False: 0.0, "auto": LINEAR_ROWS_START if linear else 0.0, 0.25: 0.25}
+    want = [float(np.float32(rows_at[rows] if r else 0.5)) for r in row_sparse]
     assert [float(np.unique(s[0].numpy())[0]) for s in opt.slots] == want
-    plain = plain_horovod.Optimizer(cfg, variables, (0, 2) if sampled else (0,))
+    plain = plain_horovod.Optimizer(cfg, variables, (0, 2) if sampled else (0,), linear=linear)
     assert [float(np.unique(s.numpy())[0]) for s in plain.slots] == want
+
+
+def test_a_linear_models_weights_start_above_zero_by_default():
+    """configs/npm_linear.yaml (a linear model, optim.initial_accumulator_rows auto): the
+    weights' accumulators start at LINEAR_ROWS_START, so a feature seen in a row or two does
+    not take a step of about lr towards its labels; the bias's at optim.initial_accumulator.
+    (The plain Horovod script's start equals the project's: mpi/test_horovod_reference.py.)"""
+    from hvd_adaptive.config import LINEAR_ROWS_START, load_config
+
+    cfg = load_config("configs/npm_linear.yaml", [])[0]
+    assert cfg.optim.initial_accumulator_rows == "auto"
+    model = SparseMLP(50, 40, cfg.model)
+    assert model.linear and model.row_axes == [0, None]
+    want = [float(np.float32(LINEAR_ROWS_START)), float(np.float32(cfg.optim.initial_accumulator))]
+    assert want[0] > want[1] > 0
+    opt = Optimizer.for_model(model, cfg.optim)
+    assert [float(np.unique(s[0].numpy())[0]) for s in opt.slots] == want
 
 
 def test_the_default_config_starts_every_layer_but_the_input_layer_above_zero():

@@ -293,6 +293,16 @@ def test_the_rule_reads_the_rate_from_the_rows_and_moves_with_their_scale():
     wide = tune.rule(wide_cfg, _rows(3000), allgather)
     assert wide.lr == pytest.approx(one.lr / 2) and wide.width == 512
     assert "(512 hidden units / 128) ** 0.5" in wide.line() and "hidden units" not in one.line()
+    # A linear model: LINEAR_RATE whatever the rows' scale, recorded and said so.
+    lin_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hidden=[],
+                                                                 loss="sigmoid"))
+    lin, lin16 = tune.rule(lin_cfg, _rows(3000), allgather), tune.rule(lin_cfg, _rows(3000, 16.0),
+                                                                       allgather)
+    assert lin.lr == lin16.lr == tune.LINEAR_RATE != one.lr
+    assert lin.record()["linear"] and not one.record()["linear"] and lin.record()["width"] == 0
+    assert lin16.median_l1 == pytest.approx(16 * norm)
+    assert f"optim.lr auto: {tune.LINEAR_RATE:g} (the rule for a linear model" in lin.line()
+    assert tune.centre(lin_cfg, _rows(3000), rows) == tune.LINEAR_RATE
     with pytest.raises(ConfigError, match=r"optim.lr=auto: none of the [0-9]+ training rows the "
                                           r"rule reads has a label"):
         tune.rule(cfg, _rows(3000, labels=0), allgather)
@@ -605,6 +615,17 @@ def test_auto_refuses_adagrad_accumulators_that_start_large_and_takes_small_ones
         cfg = load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
                                                 "optim.initial_accumulator=1e-9"])[0]
         assert (cfg.optim.lr, cfg.optim.initial_accumulator) == ("auto", 1e-9)
+        # The row-sparse layers' own start (optim.initial_accumulator_rows a number) alike.
+        with pytest.raises(ConfigError, match=r"optim.lr: auto takes "
+                                              r"optim.initial_accumulator_rows up to 1e-06 .*got 1e-05"):
+            load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
+                                              "optim.initial_accumulator_rows=1e-5"])
+        rows = load_config("configs/tiny.yaml", [f"optim.name={name}", "optim.lr=auto",
+                                                 "optim.initial_accumulator_rows=1e-6"])[0].optim
+        assert rows.start(True) == rows.start(True, linear=True) == 1e-6
+    for bad, why in (("-1e-6", "a number >= 0, got -1e-06"), ("maybe", "expected a number")):
+        with pytest.raises(ConfigError, match=rf"optim.initial_accumulator_rows: .*{why}"):
+            load_config("configs/tiny.yaml", [f"optim.initial_accumulator_rows={bad}"])
     assert load_config("configs/tiny.yaml", ["optim.name=adagrad", "optim.lr=0.1",
                                              "optim.initial_accumulator=0.1"])[0].optim.lr == 0.1
     assert load_config("configs/tiny.yaml", ["optim.name=sgd", "optim.lr=auto",

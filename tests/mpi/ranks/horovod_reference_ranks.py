@@ -118,6 +118,9 @@ def check(case: str, c) -> None:
         np.testing.assert_array_equal(b.numpy(), a.numpy(),
                                       err_msg=f"variable {i}: initialisation differs from the project's")
         b.assign(a)  # load: the same start whatever the initialisation
+    for i, (slots, s) in enumerate(zip(algo.opt.slots, plain.opt.slots)):  # the optimizer's too
+        np.testing.assert_array_equal(s.numpy(), slots[0].numpy(),
+                                      err_msg=f"optimizer state of variable {i} starts elsewhere")
     start = [v.numpy() for v in project]
     # Rows without features, the last two among them, come out of both input layers as the bias.
     empty = (tf.constant([3, 7, 5], tf.int64), tf.constant([1.0, 2.0, 0.5]), tf.constant([0, 0, 2], tf.int32),
