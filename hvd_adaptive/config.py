@@ -222,10 +222,11 @@ def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
 # "A small first accumulator").
 AUTO_MAX_INITIAL_ACCUMULATOR = 1e-6
 # Where a linear model's weights (its row-sparse layer) start under optim.initial_accumulator_rows
-# auto. On the npm data's 742 and 7,390 labels, from 1e-6 the kept P@1 was 0.800 and 0.804 at
-# the rule's rate against 0.788 and 0.782 from 0, and within 0.5 points from 1 to 8 times that
-# rate where from 0 twice the rate cost 1.1-1.2 points; 1e-5 wanted twice the rate, 1e-4 lost
-# 3 points (docs/accuracy.md, "The linear model's rows start above zero").
+# auto. On npm's 742 labels, at the network's rule's rate, from 1e-6 the kept P@1 was 0.802
+# against 0.788 from 0, and within 0.5 points from 1 to 8 times that rate where from 0 twice the
+# rate cost 1.2 points; 1e-7 kept 0.795, 1e-5 wanted twice the rate, 1e-4 lost 3 points. With
+# tune.LINEAR_RATE it kept 1.1 and 1.6 points more than from 0 on npm's 742 and 7,390 labels and
+# 6.5 more on the EURLex shape (docs/accuracy.md, "The linear model's rows start above zero").
 LINEAR_ROWS_START = 1e-6
 
 
@@ -244,7 +245,7 @@ class OptimConfig:
     """How optim.lr auto chooses. rule: for adagrad and rowwise_adagrad, 0.25 over the square
     root of the training rows' median L1 norm, over the fourth root of their mean labels a row
     over 6 where above, over the square root of the last hidden layer's width over 128 where
-    wider, and 1/sqrt(2) of that under the sampled loss
+    wider, and 1/sqrt(2) of that under the sampled loss, 0.5 for a linear model
     (hvd_adaptive.train.tune.centre), read from the rows in milliseconds, no training; the
     other optimizers probe. probe: candidate rates around that value, each trained 32 steps of
     64 rows from the same start and judged on held-out training rows
@@ -286,9 +287,9 @@ class OptimConfig:
     value (up to AUTO_MAX_INITIAL_ACCUMULATOR under optim.lr auto). auto, the default: a linear
     model's at LINEAR_ROWS_START, a network's at 0 (`rows_start`). From 0, a weight's first
     step is about lr whatever its gradient, so a feature seen in a row or two takes a full step
-    towards that row's labels; from 1e-6 the linear model kept 1.4-2.2 points more P@1 on the
-    npm data and stopped wanting a rate lower than the rule's (docs/accuracy.md, "The linear
-    model's rows start above zero"). On the network's input layer a start of 1e-9 gained nothing
+    towards that row's labels; from 1e-6 the linear model kept 1.1-1.6 points more P@1 on the
+    npm data and its best rate hardly mattered there (docs/accuracy.md, "The linear model's
+    rows start above zero"). On the network's input layer a start of 1e-9 gained nothing
     on the npm data and cost 1.37-1.54x the time to the early targets (docs/accuracy.md, "A
     small first accumulator")."""
     weight_decay: float = 0.0
