@@ -68,10 +68,11 @@ WIDTH = 128
 # A linear model's rate (model.hidden []), whatever its rows: its weights start their
 # accumulators above zero (config.LINEAR_ROWS_START), and from there its best rate did not follow
 # the rows' L1 norm. On synthetic rows of L1 norm 3.2 and 9.9 at the same 1,000 labels the best
-# rates measured were 1.1-2.3 and 1.3 (the highest tried); at 4,000 and 7,390 labels, with label
-# noise or rare features 0.3-0.6; on the EURLex shape (L1 10.7) 0.6 (the highest tried); on the
-# npm data (L1 2.6) every rate from 0.16 to 2.0 kept P@1 within a point. At 0.5 every shape was
-# within 1.5 points of its best (docs/accuracy.md, "The linear model's rows start above zero").
+# rates measured were 1.1-2.3 and 1.3 (the highest tried); at 7,390 labels and with label noise
+# 0.3-0.6, with rare features 0.4 (the highest tried); on the EURLex shape (L1 10.7) 0.6 (the
+# highest tried); on the npm data (L1 2.6) every rate from 0.16 to 2.0 kept P@1 within a point.
+# At 0.5 every shape was within 1.5 points of its best (docs/accuracy.md, "The linear model's
+# rows start above zero").
 LINEAR_RATE = 0.5
 CENTRES = {"sgd": 1.0, "momentum": 0.1, "adam": 0.001}
 ADAGRADS = ("adagrad", "rowwise_adagrad")

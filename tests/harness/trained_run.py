@@ -27,8 +27,10 @@ FILE_RUNS = {
     # output bias) in its allreduce
     "export": ("model.output=sampled", "model.negatives=20", "model.sampler=frequency"),
     # a linear model under the sigmoid loss, trained by adaptive SGD (its merges carry the
-    # [features x labels] layer's touched rows) at the rate optim.lr auto chooses
-    "linear": ("model.hidden=[]", "model.loss=sigmoid", "train.algorithm=adaptive", "optim.lr=auto"),
+    # [features x labels] layer's touched rows) with row-wise Adagrad from its weights' own
+    # start at the rate optim.lr auto chooses (the shipped configs' optimizer)
+    "linear": ("model.hidden=[]", "model.loss=sigmoid", "train.algorithm=adaptive",
+               "optim.name=rowwise_adagrad", "optim.lr=auto"),
 }
 
 

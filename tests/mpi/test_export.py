@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvd_adaptive.data import parse_file
-from tests.harness.mpirun import mpi_env
+from tests.harness.mpirun import mpi_env, records
 from tests.harness.trained_run import (check_against_numpy, cli, folder_hash, last_eval, learned_run,
                                        numpy_scores, read_predictions)
 
@@ -75,3 +75,17 @@ def test_export_serves_what_predict_writes(run, tmp_path):
     np.testing.assert_array_equal(np.array(got["reversed_labels"]), labels)
     np.testing.assert_allclose(np.array(got["reversed_scores"]), scores, rtol=1e-5)
     assert folder_hash(run_dir) == before
+
+
+def test_a_linear_run_records_its_weights_start_and_its_rate(file_runs):
+    """The linear run (optim.initial_accumulator_rows and optim.lr auto) starts its weights'
+    accumulators at LINEAR_ROWS_START and trains at LINEAR_RATE, both in its start record; the
+    sampled network's run starts its row-sparse layers at 0."""
+    from hvd_adaptive.config import LINEAR_ROWS_START
+    from hvd_adaptive.train.tune import LINEAR_RATE
+
+    runs, _ = file_runs
+    start = records(runs["linear"], "start")[0]
+    assert start["rows_start"] == pytest.approx(LINEAR_ROWS_START)
+    assert start["lr"] == pytest.approx(LINEAR_RATE) and start["lr_choice"]["linear"]
+    assert records(runs["export"], "start")[0]["rows_start"] == 0.0
