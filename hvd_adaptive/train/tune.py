@@ -233,9 +233,15 @@ def centre(cfg, ds, rows: np.ndarray) -> float:
     the dataset `ds` (a linear model: LINEAR_RATE), else CENTRES."""
     if cfg.optim.name not in ADAGRADS:
         return CENTRES[cfg.optim.name]
+    return adagrad_rate(cfg, median_l1(ds, rows), labels_a_row(ds, rows))
+
+
+def adagrad_rate(cfg, norm: float, labels: float) -> float:
+    """An Adagrad-type optimizer's rate for rows of median L1 norm `norm` and `labels` a row in
+    mean under the run's config `cfg`: LINEAR_RATE for a linear model, else `norm_rate`."""
     if cfg.model.linear:
         return LINEAR_RATE
-    return norm_rate(median_l1(ds, rows), labels_a_row(ds, rows), sampled(cfg), fan_in(cfg))
+    return norm_rate(norm, labels, sampled(cfg), fan_in(cfg))
 
 
 def sampled(cfg) -> bool:
@@ -338,11 +344,11 @@ def rule(cfg, ds, allgather: Callable[[object], list]) -> RuleChoice:
         raise ConfigError(
             f"optim.lr=auto: none of the {len(rows)} training rows the rule reads has a label; "
             "check that the training rows have labels")
-    norm, loss, units = median_l1(ds, rows), sampled(cfg), fan_in(cfg)
-    lr = LINEAR_RATE if cfg.model.linear else norm_rate(norm, labels, loss, units)
-    lr, norm, labels = allgather((lr, norm, labels))[0]
-    return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=loss, rows=len(rows),
-                      width=units, seconds=max(allgather(time.perf_counter() - t0)),
+    norm = median_l1(ds, rows)
+    lr, norm, labels = allgather((adagrad_rate(cfg, norm, labels), norm, labels))[0]
+    return RuleChoice(lr=lr, median_l1=norm, labels_a_row=labels, sampled=sampled(cfg),
+                      rows=len(rows), width=fan_in(cfg),
+                      seconds=max(allgather(time.perf_counter() - t0)),
                       linear=cfg.model.linear)
 
 
