@@ -127,10 +127,11 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    hidden: list[int] = field(default_factory=lambda: [128])
+    hidden: Union[Literal["auto"], list[int]] = "auto"
     """Hidden layer widths (ReLU); the papers use one layer of 128. [] is a linear model: one
     weight a feature and label, read by the batch's features (output full; features x labels
-    at most network.LINEAR_MAX_WEIGHTS)."""
+    at most LINEAR_MAX_WEIGHTS). auto: the linear model where its weights fit and nothing set
+    asks for a hidden layer or a softmax, else AUTO_HIDDEN (`model_for`)."""
     dropout: float = 0.0
     """Dropout rate on hidden activations during training."""
     dropout_after: float = 0.0
@@ -157,28 +158,23 @@ class ModelConfig:
     positives are always in)."""
     sampler: Literal["uniform", "frequency"] = "uniform"
     """sampled: uniform over labels, or proportional to (training frequency + 1) ^ 0.75."""
-    loss: Literal["softmax", "sigmoid"] = "softmax"
+    loss: Literal["auto", "softmax", "sigmoid"] = "auto"
     """softmax: cross-entropy against the row's labels normalized to sum 1. sigmoid: one
     logistic loss a label (one-vs-all), summed over the labels and averaged over the rows;
-    output full only. Evaluation ranks by the logits either way; predict's scores are the
-    softmax's probabilities or each label's sigmoid."""
+    output full only. auto: sigmoid for a linear model, softmax for a network. Evaluation ranks
+    by the logits either way; predict's scores are the softmax's probabilities or each label's
+    sigmoid."""
 
     @property
     def linear(self) -> bool:
         """No hidden layer: the logits are the input rows times one weight a feature and label."""
+        if self.hidden == "auto":
+            raise ValueError("model.hidden auto depends on the data: resolve it with model_for")
         return not self.hidden
 
     def validate(self, path: str) -> None:
-        if any(h <= 0 for h in self.hidden):
-            raise ConfigError(f"{path}.hidden: widths must be positive ([] for a linear model), "
-                              f"got {self.hidden}")
-        if self.linear and self.output == "sampled":
-            raise ConfigError(f"{path}.hidden: [] (a linear model) reads every label's weights of "
-                              f"the batch's features: {path}.output must be full or auto, got "
-                              "sampled")
-        if self.linear and self.dropout > 0:
-            raise ConfigError(f"{path}.dropout: acts on hidden activations, which "
-                              f"{path}.hidden: [] (a linear model) has none of; set it to 0")
+        if self.hidden != "auto":  # auto's choice meets the checks below (`model_for`)
+            self._validate_layers(path)
         if self.loss == "sigmoid" and (self.output == "sampled" or self.label_smoothing > 0):
             raise ConfigError(f"{path}.loss: sigmoid scores every label, with {path}.output full "
                               f"or auto and no {path}.label_smoothing (got output {self.output}, "
@@ -194,6 +190,18 @@ class ModelConfig:
                               f"only {path}.output: full computes (got {self.output})")
         _positive(self, path, "negatives")
 
+    def _validate_layers(self, path: str) -> None:
+        if any(h <= 0 for h in self.hidden):
+            raise ConfigError(f"{path}.hidden: widths must be positive ([] for a linear model), "
+                              f"got {self.hidden}")
+        if self.linear and self.output == "sampled":
+            raise ConfigError(f"{path}.hidden: [] (a linear model) reads every label's weights of "
+                              f"the batch's features: {path}.output must be full or auto, got "
+                              "sampled")
+        if self.linear and self.dropout > 0:
+            raise ConfigError(f"{path}.dropout: acts on hidden activations, which "
+                              f"{path}.hidden: [] (a linear model) has none of; set it to 0")
+
 
 # model.output auto takes the sampled loss from this many labels on (4 times the default
 # negatives). With 4,096 negatives by frequency, adaptive SGD on 2 equal ranks reached the speed
@@ -204,6 +212,62 @@ class ModelConfig:
 SAMPLED_FROM_LABELS = 16384
 
 
+# The most weights (features x labels) a linear model (model.hidden: []) takes: 1 GiB of float32,
+# which its optimizer state, merges and checkpoints copy again. Larger problems want the hidden
+# layer, whose weights grow with features + labels rather than their product.
+LINEAR_MAX_WEIGHTS = 2 ** 28
+# model.hidden auto's network, where a linear model does not fit or is not asked for.
+AUTO_HIDDEN = (128,)
+
+
+def linear_fits(model: ModelConfig, n_features: int, n_labels: int) -> bool:
+    """Whether model.hidden auto takes a linear model for `n_features` x `n_labels`: its weights
+    fit LINEAR_MAX_WEIGHTS and nothing set needs a hidden layer (dropout), a sampled output or
+    a softmax (model.loss softmax, label smoothing). The linear model with the sigmoid loss,
+    its weights' accumulators from LINEAR_ROWS_START and its rate, kept more P@1 than the
+    128-unit network and the label tree on npm and the EURLex shape (docs/accuracy.md, "The
+    model chosen for the data")."""
+    return (n_features * n_labels <= LINEAR_MAX_WEIGHTS and model.dropout == 0
+            and model.output != "sampled" and model.loss != "softmax"
+            and model.label_smoothing == 0)
+
+
+def model_for(model: ModelConfig, n_features: int, n_labels: int) -> ModelConfig:
+    """`model` as a run on `n_features` features and `n_labels` labels takes it: hidden auto
+    becomes [] where `linear_fits`, else AUTO_HIDDEN; loss auto sigmoid for a linear model,
+    else softmax; then output auto (`output_for`). Pinned values stay as they are."""
+    if model.hidden == "auto":
+        fits = linear_fits(model, n_features, n_labels)
+        model = dataclasses.replace(model, hidden=[] if fits else list(AUTO_HIDDEN))
+    if model.loss == "auto":
+        model = dataclasses.replace(model, loss="sigmoid" if model.linear else "softmax")
+    return output_for(model, n_labels)
+
+
+def model_lines(given: ModelConfig, chosen: ModelConfig, n_features: int,
+                n_labels: int) -> list[str]:
+    """What `model_for` chose for the keys `given` left at auto, a line each, for the log."""
+    lines = []
+    if given.hidden == "auto":
+        weights = f"{n_features:,} features x {n_labels:,} labels = {n_features * n_labels:,} weights"
+        if chosen.linear:
+            lines.append(f"model.hidden auto: [] (a linear model: {weights}, at most "
+                         f"{LINEAR_MAX_WEIGHTS:,})")
+        elif n_features * n_labels > LINEAR_MAX_WEIGHTS:
+            lines.append(f"model.hidden auto: {chosen.hidden} (a linear model would need {weights}, "
+                         f"more than {LINEAR_MAX_WEIGHTS:,})")
+        else:
+            lines.append(f"model.hidden auto: {chosen.hidden} (the model's settings ask for a "
+                         "hidden layer or a softmax)")
+    if given.loss == "auto":
+        lines.append(f"model.loss auto: {chosen.loss}")
+    if given.output == "auto":
+        lines.append(f"model.output auto: {chosen.output}" + (
+            f" ({chosen.negatives} negatives by {chosen.sampler} a batch)"
+            if chosen.output == "sampled" else "") + f" for {n_labels} labels")
+    return lines
+
+
 def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
     """`model` with output (and under auto the sampler) as a network of `n_labels` labels
     takes it: auto becomes sampled by frequency from SAMPLED_FROM_LABELS labels on unless
@@ -212,7 +276,7 @@ def output_for(model: ModelConfig, n_labels: int) -> ModelConfig:
     if model.output != "auto":
         return model
     if (n_labels >= SAMPLED_FROM_LABELS and model.label_smoothing == 0 and not model.linear
-            and model.loss == "softmax"):
+            and model.loss != "sigmoid"):
         return dataclasses.replace(model, output="sampled", sampler="frequency")
     return dataclasses.replace(model, output="full")
 

@@ -58,7 +58,7 @@ from typing import Optional
 import numpy as np
 
 from hvd_adaptive.train import tune
-from hvd_adaptive.config import ConfigError, load_config, output_for
+from hvd_adaptive.config import ConfigError, load_config, model_for
 from hvd_adaptive.data import epoch_permutation, load_data, split_validation
 from hvd_adaptive.train.hetero import Heterogeneity, smallest_quota
 from hvd_adaptive.model.negatives import Negatives
@@ -414,7 +414,9 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     train_ds, test_ds = load_data(cfg, root,
                                   lambda: hvd.allreduce(tf.zeros([1]), name="data_barrier").numpy())
     train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
-    cfg = dataclasses.replace(cfg, model=output_for(cfg.model, train_ds.n_labels))  # as the project
+    # The model as the project chooses it for this data (model.hidden, loss and output auto).
+    cfg = dataclasses.replace(cfg, model=model_for(cfg.model, train_ds.n_features,
+                                                   train_ds.n_labels))
     freq = train_ds.label_frequencies()
     base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
     inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)
@@ -438,7 +440,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         if log:
             log.write(json.dumps(rec) + "\n")
     record(event="start", algorithm="horovod", ranks=ranks, standalone_rates=rates,
-           output=cfg.model.output, baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
+           hidden=cfg.model.hidden, loss=cfg.model.loss, output=cfg.model.output, baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
            global_batch=ranks * cfg.train.batch_size, threads=threads,
            horovod_cycle_ms=float(os.environ["HOROVOD_CYCLE_TIME"]),
            mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),

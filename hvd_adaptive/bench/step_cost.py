@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     if a.steps < 1 or a.blocks < 1:
         ap.error("--steps and --blocks: at least 1")
 
-    from hvd_adaptive.config import load_config, output_for, resolve
+    from hvd_adaptive.config import load_config, model_for, resolve
     from hvd_adaptive.parallel import distributed
 
     cfg, _ = load_config(a.config, [*a.set, "train.algorithm=sync", "sync.partition=equal"],
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
 
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     train, _ = split_validation(cfg, train)
-    cfg = dataclasses.replace(cfg, model=output_for(cfg.model, train.n_labels))
+    cfg = dataclasses.replace(cfg, model=model_for(cfg.model, train.n_features, train.n_labels))
     lr = 0.1 if cfg.optim.lr == "auto" else float(cfg.optim.lr)
     bs, n = cfg.train.batch_size, c.size
     if bs * n > train.n_rows:

@@ -12,7 +12,8 @@ from typing import Optional, Sequence
 import numpy as np
 from hvd_adaptive.tfload import tf
 
-from hvd_adaptive.config import ConfigError, ModelConfig, OptimConfig, output_for
+from hvd_adaptive.config import (LINEAR_MAX_WEIGHTS, ConfigError, ModelConfig, OptimConfig,
+                                  model_for)
 from hvd_adaptive.data import Batch
 from hvd_adaptive.model.negatives import Negatives
 
@@ -101,11 +102,6 @@ class RowMask:
     sparse: bool = True
 
 
-# The most weights (features x labels) a linear model (model.hidden: []) takes: 1 GiB of float32,
-# which its optimizer state, merges and checkpoints copy again. Larger problems want the hidden
-# layer, whose weights grow with features + labels rather than their product.
-LINEAR_MAX_WEIGHTS = 2 ** 28
-
 
 def _glorot(rng: np.random.Generator, fan_in: int, fan_out: int) -> np.ndarray:
     lim = np.sqrt(6.0 / (fan_in + fan_out))
@@ -130,7 +126,7 @@ class SparseMLP(tf.Module):
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
                  label_freq: Optional[np.ndarray] = None, stream: int = 0):
         super().__init__(name="sparse_mlp")
-        cfg = output_for(cfg, n_labels)  # model.output auto: full or sampled for this many labels
+        cfg = model_for(cfg, n_features, n_labels)  # hidden, loss and output auto for this data
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout

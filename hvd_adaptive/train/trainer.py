@@ -28,7 +28,7 @@ from typing import Optional
 import numpy as np
 from hvd_adaptive.tfload import tf
 
-from hvd_adaptive.config import Config, output_for
+from hvd_adaptive.config import Config, model_for, model_lines
 from hvd_adaptive.data import Dataset, check_fits, load_data, split_validation
 from hvd_adaptive.model.metrics import inverse_propensities, most_frequent_label_p1
 from hvd_adaptive.model.network import SparseMLP
@@ -56,12 +56,13 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
     train_ds, test_ds = load_data(cfg, cluster.is_root, cluster.comm.Barrier)
     train_ds, val_ds = split_validation(cfg, train_ds)
     check_fits(cfg, train_ds, cluster.size)
-    if cfg.model.output == "auto":  # the loss for this many labels, recorded as the run's
-        cfg = replace(cfg, model=output_for(cfg.model, train_ds.n_labels))
+    # The model for this data (model.hidden, loss and output auto), recorded as the run's.
+    model = model_for(cfg.model, train_ds.n_features, train_ds.n_labels)
+    if model != cfg.model:
+        for line in model_lines(cfg.model, model, train_ds.n_features, train_ds.n_labels):
+            log.say(line)
+        cfg = replace(cfg, model=model)
         log.write_json(records.CONFIG, cfg.to_dict())
-        log.say(f"model.output auto: {cfg.model.output}" + (
-            f" ({cfg.model.negatives} negatives by {cfg.model.sampler} a batch)"
-            if cfg.model.output == "sampled" else "") + f" for {train_ds.n_labels} labels")
     base_p1 = most_frequent_label_p1(train_ds.label_frequencies(), test_ds.label_indptr,
                                      test_ds.label_indices)
     val = f" / {val_ds.n_rows} validation" if val_ds is not None else ""

@@ -27,6 +27,30 @@ def test_train_on_files_written_by_data_synth(tmp_path):
     assert "eval  epoch" in p.stdout and "done: P@1" in p.stdout
 
 
+def test_hidden_auto_trains_and_records_a_linear_model_where_it_fits(tmp_path):
+    """model.hidden auto (the default) on tiny's 2,000 features x 100 labels: the run trains a
+    linear model with the sigmoid loss, says so, and its config.json records it (predict,
+    evaluate and export build the model from it); the plain Horovod script takes the same."""
+    import numpy as np
+
+    auto = ("--set", "model.hidden=auto", "--set", "train.epochs=0.25")
+    run = tmp_path / "run"
+    p = cli("train", "--config", "configs/tiny.yaml", "--run-dir", str(run), *auto)
+    assert p.returncode == 0, p.stderr[-3000:]
+    used = json.loads((run / "config.json").read_text())["model"]
+    assert (used["hidden"], used["loss"], used["output"]) == ([], "sigmoid", "full")
+    assert ("model.hidden auto: [] (a linear model: 2,000 features x 100 labels = 200,000 "
+            "weights") in p.stdout and "model.loss auto: sigmoid" in p.stdout
+    ckpt = next((run / "checkpoints").glob("ckpt-*"))
+    assert np.load(ckpt / "model.0.npy", mmap_mode="r").shape == (2000, 100)
+    p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.plain_horovod", "--config",
+                        "configs/tiny.yaml", "--run-dir", str(tmp_path / "plain"), *auto],
+                       cwd=REPO, env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    start = json.loads((tmp_path / "plain" / "metrics.jsonl").read_text().splitlines()[0])
+    assert (start["hidden"], start["loss"], start["output"]) == ([], "sigmoid", "full")
+
+
 def test_output_auto_trains_and_records_the_sampled_loss_at_many_labels(tmp_path):
     """model.output auto (the default) at SAMPLED_FROM_LABELS labels: the run trains the sampled
     loss with negatives by frequency and its config.json says so (predict, evaluate and export

@@ -20,7 +20,7 @@ def test_defaults_without_file():
     cfg, extras = load_config(None)
     assert cfg == Config()
     assert extras == {}
-    assert cfg.train.algorithm == "sync" and cfg.model.hidden == [128]
+    assert cfg.train.algorithm == "sync" and cfg.model.hidden == "auto"
 
 
 def test_a_round_holds_at_least_two_batches_a_rank():
@@ -62,6 +62,7 @@ def test_whether_a_run_sleeps_is_read_from_the_config(hetero, sleeps):
     ("model:\n  loss: sigmoid\n  output: sampled\n", "model.loss: sigmoid scores every label"),
     ("model:\n  loss: sigmoid\n  label_smoothing: 0.1\n", "model.loss: sigmoid scores every label"),
     ("model:\n  loss: logistic\n", "model.loss"),
+    ("model:\n  hidden: wide\n", "model.hidden: must be one of ['auto'], got 'wide' or expected a list"),
     ("model:\n  label_smoothing: 1.0\n", "model.label_smoothing: must be in [0, 1)"),
     ("model:\n  dropout_after: -1\n", "model.dropout_after: must be >= 0 epochs"),
     ("model:\n  label_smoothing: 0.1\n  output: sampled\n", "model.label_smoothing: spreads the target"),

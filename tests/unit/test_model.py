@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, output_for
+from hvd_adaptive.config import SAMPLED_FROM_LABELS, ModelConfig, OptimConfig, model_for, output_for
 from hvd_adaptive.data import Batch
 from hvd_adaptive.train import tune
 from hvd_adaptive.model.network import (Optimizer, RowMask, SparseMLP, TouchedRows, _subtract_rows,
@@ -135,7 +135,7 @@ def dense_rows(b, n_features):
 
 
 def test_a_linear_model_is_the_rows_times_one_weight_a_feature_and_label():
-    m = SparseMLP(6, 4, ModelConfig(hidden=[]))
+    m = SparseMLP(6, 4, ModelConfig(hidden=[], loss="softmax"))
     assert [v.shape.as_list() for v in m.variables_list] == [[6, 4], [4]]
     assert all(not v.numpy().any() for v in m.variables_list)  # from zero
     rng = np.random.default_rng(0)
@@ -188,7 +188,7 @@ def test_the_sigmoid_loss_is_every_labels_logistic_loss_averaged_over_the_rows(h
 
 def test_a_linear_model_larger_than_it_takes_is_a_clear_error():
     from hvd_adaptive.config import ConfigError
-    from hvd_adaptive.model.network import LINEAR_MAX_WEIGHTS
+    from hvd_adaptive.config import LINEAR_MAX_WEIGHTS
     with pytest.raises(ConfigError, match=r"model.hidden: \[\] \(a linear model\) needs 65,536 features"):
         SparseMLP(2 ** 16, LINEAR_MAX_WEIGHTS // 2 ** 16 + 1, ModelConfig(hidden=[]))
 
@@ -525,26 +525,71 @@ def test_output_auto_takes_the_sampled_loss_from_its_label_count(n_labels, smoot
         assert output_for(ModelConfig(output=pinned), n_labels).output == pinned
     # a linear model and the sigmoid loss read every label: auto is full for them
     assert output_for(ModelConfig(hidden=[]), n_labels).output == "full"
-    assert output_for(ModelConfig(loss="sigmoid"), n_labels).output == "full"
+    assert model_for(ModelConfig(hidden=[2], loss="sigmoid"), 3, n_labels).output == "full"
 
 
-def test_the_shipped_workloads_resolve_the_loss_their_tables_were_measured_at():
-    """configs/default.yaml and bench_quick.yaml (13,402 labels) train the full softmax under
-    model.output auto, as their benchmark and accuracy tables were measured; configs/bench.yaml
-    (67,009 labels) takes the sampled loss, as its tables were measured."""
+def test_hidden_auto_takes_the_linear_model_where_its_weights_fit_and_nothing_asks_otherwise():
+    """model.hidden auto (the default): a linear model with the sigmoid loss up to
+    LINEAR_MAX_WEIGHTS features x labels, the 128-unit network with the softmax above it or
+    where dropout, label smoothing, a sampled output or the softmax is set; pinned values stay;
+    the choice is said in the log's words and is stable (a resolved model resolves to itself)."""
+    from hvd_adaptive.config import LINEAR_MAX_WEIGHTS, linear_fits, model_lines
+
+    side = int(LINEAR_MAX_WEIGHTS ** 0.5)  # 16,384 features x 16,384 labels fit exactly
+    auto = ModelConfig()
+    assert auto.hidden == "auto" and auto.loss == "auto"
+    fits = model_for(auto, side, side)
+    assert (fits.hidden, fits.loss, fits.output) == ([], "sigmoid", "full")
+    assert fits.linear and model_for(fits, side, side) == fits
+    big = model_for(auto, side, side + 1)
+    assert (big.hidden, big.loss, big.output) == ([128], "softmax", "sampled")  # 16,385 labels
+    assert model_for(big, side, side + 1) == big
+    for asks in (dict(dropout=0.2), dict(label_smoothing=0.1), dict(output="sampled"),
+                 dict(loss="softmax")):
+        chosen = model_for(ModelConfig(**asks), 100, 10)
+        assert not linear_fits(ModelConfig(**asks), 100, 10), asks
+        assert (chosen.hidden, chosen.loss) == ([128], "softmax"), asks
+    assert model_for(ModelConfig(loss="sigmoid"), 100, 10).hidden == []
+    assert model_for(ModelConfig(hidden=[64]), 100, 10).hidden == [64]  # pinned
+    assert model_for(ModelConfig(hidden=[]), side, side + 1).hidden == []  # (SparseMLP refuses it)
+    assert model_for(ModelConfig(hidden=[64]), 100, 10).loss == "softmax"
+    assert model_for(ModelConfig(hidden=[]), 100, 10).loss == "sigmoid"
+    with pytest.raises(ValueError, match="model_for"):
+        auto.linear  # unresolved: no part may guess
+    assert model_lines(auto, fits, side, side) == [
+        f"model.hidden auto: [] (a linear model: 16,384 features x 16,384 labels = "
+        f"{side * side:,} weights, at most {LINEAR_MAX_WEIGHTS:,})",
+        "model.loss auto: sigmoid", "model.output auto: full for 16384 labels"]
+    assert model_lines(auto, big, side, side + 1)[0].startswith(
+        f"model.hidden auto: [128] (a linear model would need 16,384 features x 16,385 labels")
+    assert model_lines(ModelConfig(dropout=0.2), model_for(ModelConfig(dropout=0.2), 100, 10),
+                       100, 10)[0] == ("model.hidden auto: [128] (the model's settings ask for a "
+                                       "hidden layer or a softmax)")
+    assert model_lines(fits, fits, side, side) == []
+    m = SparseMLP(6, 4, ModelConfig())  # the layer built from the data's shape
+    assert m.linear and m.sigmoid and [v.shape.as_list() for v in m.variables_list] == [[6, 4], [4]]
+
+
+def test_the_shipped_workloads_resolve_the_model_their_tables_were_measured_at():
+    """configs/default.yaml and bench_quick.yaml (13,402 labels) train the 128-unit network
+    with the full softmax under model.hidden and output auto, as their benchmark and accuracy
+    tables were measured; configs/bench.yaml (67,009 labels) the network with the sampled loss,
+    as its tables were measured. Their 135,909 features x those labels are more weights than a
+    linear model takes."""
     from hvd_adaptive.config import load_config
     from hvd_adaptive.data import preset
 
     for name, scale, output in (("default", 0.02, "full"), ("bench_quick", 0.02, "full"),
                                 ("bench", 0.1, "sampled")):
         cfg = load_config(f"configs/{name}.yaml")[0]
-        labels = preset("amazon670k", scale=scale).n_labels
-        assert output_for(cfg.model, labels).output == output, (name, labels)
+        spec = preset("amazon670k", scale=scale)
+        chosen = model_for(cfg.model, spec.n_features, spec.n_labels)
+        assert (chosen.hidden, chosen.loss, chosen.output) == ([128], "softmax", output), name
     default = load_config("configs/default.yaml")[0].model
-    assert output_for(default, 67_009).output == "sampled"
+    assert model_for(default, 135_909, 67_009).output == "sampled"
     # ... and from 20,103 labels on, where it took 0.75-0.77 of the full softmax's time
     # (docs/scale.md, "Fewer labels")
-    assert output_for(default, 20_103).output == "sampled"
+    assert model_for(default, 135_909, 20_103).output == "sampled"
 
 
 @pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
@@ -576,15 +621,18 @@ def test_the_row_sparse_layers_start_where_initial_accumulator_rows_says(name, s
 
 
 def test_a_linear_models_weights_start_above_zero_by_default():
-    """configs/npm_linear.yaml (a linear model, optim.initial_accumulator_rows auto): the
-    weights' accumulators start at LINEAR_ROWS_START, so a feature seen in a row or two does
-    not take a step of about lr towards its labels; the bias's at optim.initial_accumulator.
-    (The plain Horovod script's start equals the project's: mpi/test_horovod_reference.py.)"""
+    """configs/npm.yaml (model.hidden auto: a linear model at npm's 6,183 features x 7,390
+    labels; optim.initial_accumulator_rows auto): the weights' accumulators start at
+    LINEAR_ROWS_START, so a feature seen in a row or two does not take a step of about lr towards
+    its labels; the bias's at optim.initial_accumulator. (The plain Horovod script's start
+    equals the project's: mpi/test_horovod_reference.py.)"""
     from hvd_adaptive.config import LINEAR_ROWS_START, load_config
 
-    cfg = load_config("configs/npm_linear.yaml", [])[0]
+    cfg = load_config("configs/npm.yaml", [])[0]
     assert cfg.optim.initial_accumulator_rows == "auto"
-    model = SparseMLP(50, 40, cfg.model)
+    chosen = model_for(cfg.model, 6_183, 7_390)
+    assert (chosen.hidden, chosen.loss) == ([], "sigmoid")
+    model = SparseMLP(50, 40, chosen)
     assert model.linear and model.row_axes == [0, None]
     want = [float(np.float32(LINEAR_ROWS_START)), float(np.float32(cfg.optim.initial_accumulator))]
     assert want[0] > want[1] > 0
@@ -600,7 +648,9 @@ def test_the_default_config_starts_every_layer_but_the_input_layer_above_zero():
     from hvd_adaptive.config import load_config
 
     cfg = load_config("configs/default.yaml", [])[0]
-    model = SparseMLP(50, 40, cfg.model)
+    chosen = model_for(cfg.model, 135_909, 13_402)  # its data's features and labels
+    assert chosen.hidden == [128]
+    model = SparseMLP(50, 40, chosen)
     opt = Optimizer.for_model(model, cfg.optim)
     starts = [float(np.unique(s[0].numpy())[0]) for s in opt.slots]
     start = float(np.float32(cfg.optim.initial_accumulator))  # the slots are float32

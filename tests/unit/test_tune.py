@@ -494,7 +494,7 @@ def test_every_candidate_trains_from_the_same_start_which_comes_back():
         return (float(w.x) - 16.0) ** 2 + 1.0, np.tile(np.arange(5), (len(rows), 1))
 
     cfg = SimpleNamespace(train=SimpleNamespace(batch_size=256, eval_memory_mb=64.0),
-                          optim=SimpleNamespace(name="sgd"), model=ModelConfig())
+                          optim=SimpleNamespace(name="sgd"), model=ModelConfig(hidden=[128]))
     @contextmanager
     def unchanged():  # tune.unchanged, after a copy of the start that takes 0.3 s
         time.sleep(0.3)
@@ -527,7 +527,7 @@ def test_every_rank_charges_the_slowest_ranks_whole_probe():
     ds = Dataset(np.arange(n + 1), np.zeros(n, np.int32), np.ones(n, np.float32), np.arange(n + 1),
                  (np.arange(n) % 5).astype(np.int32), 1, 5)
     cfg = SimpleNamespace(train=SimpleNamespace(batch_size=64, eval_memory_mb=64.0),
-                          optim=SimpleNamespace(name="sgd"), model=ModelConfig())
+                          optim=SimpleNamespace(name="sgd"), model=ModelConfig(hidden=[128]))
     state = {"w": 0.0}
 
     class Lr:
