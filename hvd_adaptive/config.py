@@ -130,8 +130,8 @@ class ModelConfig:
     hidden: Union[Literal["auto"], list[int]] = "auto"
     """Hidden layer widths (ReLU); the papers use one layer of 128. [] is a linear model: one
     weight a feature and label, read by the batch's features (output full; features x labels
-    at most LINEAR_MAX_WEIGHTS). auto: the linear model where its weights fit and nothing set
-    asks for a hidden layer or a softmax, else AUTO_HIDDEN (`model_for`)."""
+    at most LINEAR_MAX_WEIGHTS). auto: the linear model where its weights fit, the rows are
+    sparse and nothing set asks for a hidden layer or a softmax, else AUTO_HIDDEN (`model_for`)."""
     dropout: float = 0.0
     """Dropout rate on hidden activations during training."""
     dropout_after: float = 0.0
@@ -218,44 +218,61 @@ SAMPLED_FROM_LABELS = 16384
 LINEAR_MAX_WEIGHTS = 2 ** 28
 # model.hidden auto's network, where a linear model does not fit or is not asked for.
 AUTO_HIDDEN = (128,)
+# model.hidden auto takes a linear model for rows of at most this many non-zeros in mean. Its step
+# reads and writes every label's weight of each non-zero, the network's a hidden layer a label:
+# with 2 ranks, adaptive SGD, it trained 5-6 times fewer rows a second than the 128-unit network at
+# 8 non-zeros a row, 11 at 32, 24 at 236 (the EURLex shape), and needed 0.16-0.54 of its rows to
+# the targets both reach. At 8 (npm, real) it reached P@1 0.70 as soon and 0.75-0.79, which the
+# network never reached, up to 2.5x sooner than the plain script; at 8 (synthetic) in 1.5-2.8x the
+# network's time to the targets both reach (fractions of a second) and 0.75 where the network
+# stayed at 0.74; at 32 in 3-4x its time, at 236 in 8-11x (23 against 2 s to 0.80), with the
+# higher plateau (docs/accuracy.md, "The model chosen for the data"). 16 lies between the
+# measured 8 and 32.
+LINEAR_MAX_NNZ = 16.0
 
 
-def linear_fits(model: ModelConfig, n_features: int, n_labels: int) -> bool:
-    """Whether model.hidden auto takes a linear model for `n_features` x `n_labels`: its weights
-    fit LINEAR_MAX_WEIGHTS and nothing set needs a hidden layer (dropout), a sampled output or
-    a softmax (model.loss softmax, label smoothing). The linear model with the sigmoid loss,
-    its weights' accumulators from LINEAR_ROWS_START and its rate, kept more P@1 than the
-    128-unit network and the label tree on npm and the EURLex shape (docs/accuracy.md, "The
-    model chosen for the data")."""
-    return (n_features * n_labels <= LINEAR_MAX_WEIGHTS and model.dropout == 0
-            and model.output != "sampled" and model.loss != "softmax"
+def linear_fits(model: ModelConfig, n_features: int, n_labels: int, nnz_a_row: float) -> bool:
+    """Whether model.hidden auto takes a linear model for `n_features` x `n_labels` and rows of
+    `nnz_a_row` non-zeros in mean: its weights fit LINEAR_MAX_WEIGHTS, the rows are sparse
+    (LINEAR_MAX_NNZ) and nothing set needs a hidden layer (dropout), a sampled output or a
+    softmax (model.loss softmax, label smoothing)."""
+    return (n_features * n_labels <= LINEAR_MAX_WEIGHTS and nnz_a_row <= LINEAR_MAX_NNZ
+            and model.dropout == 0 and model.output != "sampled" and model.loss != "softmax"
             and model.label_smoothing == 0)
 
 
-def model_for(model: ModelConfig, n_features: int, n_labels: int) -> ModelConfig:
-    """`model` as a run on `n_features` features and `n_labels` labels takes it: hidden auto
-    becomes [] where `linear_fits`, else AUTO_HIDDEN; loss auto sigmoid for a linear model,
-    else softmax; then output auto (`output_for`). Pinned values stay as they are."""
+def model_for(model: ModelConfig, n_features: int, n_labels: int,
+              nnz_a_row: Optional[float] = None) -> ModelConfig:
+    """`model` as a run on `n_features` features, `n_labels` labels and training rows of
+    `nnz_a_row` non-zeros in mean takes it: hidden auto becomes [] where `linear_fits`, else
+    AUTO_HIDDEN; loss auto sigmoid for a linear model, else softmax; then output auto
+    (`output_for`). Pinned values stay as they are; the rows are needed only under hidden auto."""
     if model.hidden == "auto":
-        fits = linear_fits(model, n_features, n_labels)
+        if nnz_a_row is None:
+            raise ValueError("model.hidden auto reads the rows' non-zeros: pass nnz_a_row")
+        fits = linear_fits(model, n_features, n_labels, nnz_a_row)
         model = dataclasses.replace(model, hidden=[] if fits else list(AUTO_HIDDEN))
     if model.loss == "auto":
         model = dataclasses.replace(model, loss="sigmoid" if model.linear else "softmax")
     return output_for(model, n_labels)
 
 
-def model_lines(given: ModelConfig, chosen: ModelConfig, n_features: int,
-                n_labels: int) -> list[str]:
+def model_lines(given: ModelConfig, chosen: ModelConfig, n_features: int, n_labels: int,
+                nnz_a_row: float) -> list[str]:
     """What `model_for` chose for the keys `given` left at auto, a line each, for the log."""
     lines = []
     if given.hidden == "auto":
         weights = f"{n_features:,} features x {n_labels:,} labels = {n_features * n_labels:,} weights"
+        rows = f"rows of {nnz_a_row:.1f} non-zeros in mean"
         if chosen.linear:
             lines.append(f"model.hidden auto: [] (a linear model: {weights}, at most "
-                         f"{LINEAR_MAX_WEIGHTS:,})")
+                         f"{LINEAR_MAX_WEIGHTS:,}; {rows}, at most {LINEAR_MAX_NNZ:g})")
         elif n_features * n_labels > LINEAR_MAX_WEIGHTS:
             lines.append(f"model.hidden auto: {chosen.hidden} (a linear model would need {weights}, "
                          f"more than {LINEAR_MAX_WEIGHTS:,})")
+        elif nnz_a_row > LINEAR_MAX_NNZ:
+            lines.append(f"model.hidden auto: {chosen.hidden} ({rows}: a linear model would read "
+                         f"every label's weights of more than {LINEAR_MAX_NNZ:g} a row)")
         else:
             lines.append(f"model.hidden auto: {chosen.hidden} (the model's settings ask for a "
                          "hidden layer or a softmax)")

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--touched: a fraction in (0, 1], got {a.touched}")
 
     from hvd_adaptive.parallel import distributed
-    from hvd_adaptive.config import load_config
+    from hvd_adaptive.config import load_config, model_for
     from hvd_adaptive.data import preset
 
     cfg, _ = load_config(a.config, extra_sections=("sweep",))
@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     with tf.device(c.device):
         # The sampled loss's frequency sampler needs label counts; the merge's cost does not
         # depend on them, so every label counts once.
+        # The model for the preset's shape, as a run on its data chooses it.
+        cfg = dataclasses.replace(cfg, model=model_for(cfg.model, spec.n_features, spec.n_labels,
+                                                       spec.nnz_mean))
         model = build_model(cfg, spec.n_features, spec.n_labels,
                             label_freq=np.ones(spec.n_labels, np.int64))
         merges = {d: Merge(model, None, dataclasses.replace(cfg.merge, sparse=sparse, dtype=d),

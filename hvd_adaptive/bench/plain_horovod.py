@@ -416,7 +416,7 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
     train_ds, _ = split_validation(cfg, train_ds)  # the project's training rows, exactly
     # The model as the project chooses it for this data (model.hidden, loss and output auto).
     cfg = dataclasses.replace(cfg, model=model_for(cfg.model, train_ds.n_features,
-                                                   train_ds.n_labels))
+                                                   train_ds.n_labels, train_ds.nnz_a_row))
     freq = train_ds.label_frequencies()
     base = most_frequent_label_p1(freq, test_ds.label_indptr, test_ds.label_indices)
     inv_prop = inverse_propensities(freq, train_ds.n_rows, cfg.data.propensity_a, cfg.data.propensity_b)

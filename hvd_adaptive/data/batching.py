@@ -90,6 +90,11 @@ class Dataset:
         """Number of rows (data points)."""
         return len(self.indptr) - 1
 
+    @property
+    def nnz_a_row(self) -> float:
+        """Non-zeros a row in mean (0 without rows)."""
+        return len(self.indices) / max(self.n_rows, 1)
+
     def subset(self, rows: np.ndarray) -> "Dataset":
         """Return a new in-memory dataset made of the given rows, in that order.
 

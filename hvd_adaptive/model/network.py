@@ -126,7 +126,10 @@ class SparseMLP(tf.Module):
     def __init__(self, n_features: int, n_labels: int, cfg: ModelConfig,
                  label_freq: Optional[np.ndarray] = None, stream: int = 0):
         super().__init__(name="sparse_mlp")
-        cfg = model_for(cfg, n_features, n_labels)  # hidden, loss and output auto for this data
+        if cfg.hidden == "auto":
+            raise ValueError("SparseMLP builds a chosen model: resolve model.hidden auto with "
+                             "config.model_for, which reads the rows")
+        cfg = model_for(cfg, n_features, n_labels)  # model.loss and output auto for this data
         rng = np.random.default_rng(cfg.init_seed)
         widths = [n_features, *cfg.hidden]
         self.dropout = cfg.dropout

@@ -57,9 +57,10 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
     train_ds, val_ds = split_validation(cfg, train_ds)
     check_fits(cfg, train_ds, cluster.size)
     # The model for this data (model.hidden, loss and output auto), recorded as the run's.
-    model = model_for(cfg.model, train_ds.n_features, train_ds.n_labels)
+    shape = (train_ds.n_features, train_ds.n_labels, train_ds.nnz_a_row)
+    model = model_for(cfg.model, *shape)
     if model != cfg.model:
-        for line in model_lines(cfg.model, model, train_ds.n_features, train_ds.n_labels):
+        for line in model_lines(cfg.model, model, *shape):
             log.say(line)
         cfg = replace(cfg, model=model)
         log.write_json(records.CONFIG, cfg.to_dict())

@@ -28,12 +28,14 @@ def test_train_on_files_written_by_data_synth(tmp_path):
 
 
 def test_hidden_auto_trains_and_records_a_linear_model_where_it_fits(tmp_path):
-    """model.hidden auto (the default) on tiny's 2,000 features x 100 labels: the run trains a
-    linear model with the sigmoid loss, says so, and its config.json records it (predict,
-    evaluate and export build the model from it); the plain Horovod script takes the same."""
+    """model.hidden auto (the default) on tiny's 2,000 features x 100 labels with rows of 8
+    non-zeros: the run trains a linear model with the sigmoid loss, says so, and its config.json
+    records it (predict, evaluate and export build the model from it); the plain Horovod script
+    takes the same."""
     import numpy as np
 
-    auto = ("--set", "model.hidden=auto", "--set", "train.epochs=0.25")
+    auto = ("--set", "model.hidden=auto", "--set", "train.epochs=0.25",
+            "--set", "data.synth.nnz_mean=8")
     run = tmp_path / "run"
     p = cli("train", "--config", "configs/tiny.yaml", "--run-dir", str(run), *auto)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -41,6 +43,7 @@ def test_hidden_auto_trains_and_records_a_linear_model_where_it_fits(tmp_path):
     assert (used["hidden"], used["loss"], used["output"]) == ([], "sigmoid", "full")
     assert ("model.hidden auto: [] (a linear model: 2,000 features x 100 labels = 200,000 "
             "weights") in p.stdout and "model.loss auto: sigmoid" in p.stdout
+    assert "non-zeros in mean, at most 16)" in p.stdout
     ckpt = next((run / "checkpoints").glob("ckpt-*"))
     assert np.load(ckpt / "model.0.npy", mmap_mode="r").shape == (2000, 100)
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.plain_horovod", "--config",

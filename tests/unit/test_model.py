@@ -209,8 +209,8 @@ def test_optimizers_lower_the_loss_and_update_lazily(name):
 
 
 def test_same_seed_same_model():
-    a = SparseMLP(10, 3, ModelConfig(init_seed=9))
-    b = SparseMLP(10, 3, ModelConfig(init_seed=9))
+    a = SparseMLP(10, 3, ModelConfig(hidden=[128], init_seed=9))
+    b = SparseMLP(10, 3, ModelConfig(hidden=[128], init_seed=9))
     for x, y in zip(a.variables_list, b.variables_list):
         np.testing.assert_array_equal(x.numpy(), y.numpy())
 
@@ -525,48 +525,58 @@ def test_output_auto_takes_the_sampled_loss_from_its_label_count(n_labels, smoot
         assert output_for(ModelConfig(output=pinned), n_labels).output == pinned
     # a linear model and the sigmoid loss read every label: auto is full for them
     assert output_for(ModelConfig(hidden=[]), n_labels).output == "full"
-    assert model_for(ModelConfig(hidden=[2], loss="sigmoid"), 3, n_labels).output == "full"
+    assert model_for(ModelConfig(hidden=[2], loss="sigmoid"), 3, n_labels, 1.0).output == "full"
 
 
-def test_hidden_auto_takes_the_linear_model_where_its_weights_fit_and_nothing_asks_otherwise():
+def test_hidden_auto_takes_the_linear_model_where_its_weights_fit_on_sparse_rows():
     """model.hidden auto (the default): a linear model with the sigmoid loss up to
-    LINEAR_MAX_WEIGHTS features x labels, the 128-unit network with the softmax above it or
-    where dropout, label smoothing, a sampled output or the softmax is set; pinned values stay;
-    the choice is said in the log's words and is stable (a resolved model resolves to itself)."""
-    from hvd_adaptive.config import LINEAR_MAX_WEIGHTS, linear_fits, model_lines
+    LINEAR_MAX_WEIGHTS features x labels on rows of up to LINEAR_MAX_NNZ non-zeros in mean; the
+    128-unit network with the softmax above either, or where dropout, label smoothing, a sampled
+    output or the softmax is set; pinned values stay; the choice is said in the log's words and
+    is stable (a resolved model resolves to itself); the model is built only once chosen."""
+    from hvd_adaptive.config import LINEAR_MAX_NNZ, LINEAR_MAX_WEIGHTS, linear_fits, model_lines
 
     side = int(LINEAR_MAX_WEIGHTS ** 0.5)  # 16,384 features x 16,384 labels fit exactly
-    auto = ModelConfig()
+    auto, nnz = ModelConfig(), 8.0  # npm's words a row
     assert auto.hidden == "auto" and auto.loss == "auto"
-    fits = model_for(auto, side, side)
+    fits = model_for(auto, side, side, LINEAR_MAX_NNZ)  # both limits, exactly
     assert (fits.hidden, fits.loss, fits.output) == ([], "sigmoid", "full")
-    assert fits.linear and model_for(fits, side, side) == fits
-    big = model_for(auto, side, side + 1)
+    assert fits.linear and model_for(fits, side, side, LINEAR_MAX_NNZ) == fits
+    big = model_for(auto, side, side + 1, nnz)
     assert (big.hidden, big.loss, big.output) == ([128], "softmax", "sampled")  # 16,385 labels
-    assert model_for(big, side, side + 1) == big
+    assert model_for(big, side, side + 1, nnz) == big
+    dense = model_for(auto, 5_000, 3_993, LINEAR_MAX_NNZ + 0.1)  # the EURLex shape has 236
+    assert (dense.hidden, dense.loss, dense.output) == ([128], "softmax", "full")
     for asks in (dict(dropout=0.2), dict(label_smoothing=0.1), dict(output="sampled"),
                  dict(loss="softmax")):
-        chosen = model_for(ModelConfig(**asks), 100, 10)
-        assert not linear_fits(ModelConfig(**asks), 100, 10), asks
+        chosen = model_for(ModelConfig(**asks), 100, 10, nnz)
+        assert not linear_fits(ModelConfig(**asks), 100, 10, nnz), asks
         assert (chosen.hidden, chosen.loss) == ([128], "softmax"), asks
-    assert model_for(ModelConfig(loss="sigmoid"), 100, 10).hidden == []
-    assert model_for(ModelConfig(hidden=[64]), 100, 10).hidden == [64]  # pinned
-    assert model_for(ModelConfig(hidden=[]), side, side + 1).hidden == []  # (SparseMLP refuses it)
-    assert model_for(ModelConfig(hidden=[64]), 100, 10).loss == "softmax"
-    assert model_for(ModelConfig(hidden=[]), 100, 10).loss == "sigmoid"
+    assert model_for(ModelConfig(loss="sigmoid"), 100, 10, nnz).hidden == []
+    assert model_for(ModelConfig(hidden=[64]), 100, 10, nnz).hidden == [64]  # pinned
+    assert model_for(ModelConfig(hidden=[]), side, side + 1, 300.0).hidden == []  # (SparseMLP refuses it)
+    assert model_for(ModelConfig(hidden=[64]), 100, 10, nnz).loss == "softmax"
+    assert model_for(ModelConfig(hidden=[]), 100, 10, 300.0).loss == "sigmoid"
     with pytest.raises(ValueError, match="model_for"):
         auto.linear  # unresolved: no part may guess
-    assert model_lines(auto, fits, side, side) == [
+    with pytest.raises(ValueError, match="model_for"):
+        SparseMLP(6, 4, auto)
+    with pytest.raises(ValueError, match="nnz_a_row"):
+        model_for(auto, 6, 4)  # auto reads the rows
+    assert model_lines(auto, fits, side, side, LINEAR_MAX_NNZ) == [
         f"model.hidden auto: [] (a linear model: 16,384 features x 16,384 labels = "
-        f"{side * side:,} weights, at most {LINEAR_MAX_WEIGHTS:,})",
-        "model.loss auto: sigmoid", "model.output auto: full for 16384 labels"]
-    assert model_lines(auto, big, side, side + 1)[0].startswith(
+        f"{side * side:,} weights, at most {LINEAR_MAX_WEIGHTS:,}; rows of 16.0 non-zeros in "
+        "mean, at most 16)", "model.loss auto: sigmoid", "model.output auto: full for 16384 labels"]
+    assert model_lines(auto, big, side, side + 1, nnz)[0].startswith(
         f"model.hidden auto: [128] (a linear model would need 16,384 features x 16,385 labels")
-    assert model_lines(ModelConfig(dropout=0.2), model_for(ModelConfig(dropout=0.2), 100, 10),
-                       100, 10)[0] == ("model.hidden auto: [128] (the model's settings ask for a "
-                                       "hidden layer or a softmax)")
-    assert model_lines(fits, fits, side, side) == []
-    m = SparseMLP(6, 4, ModelConfig())  # the layer built from the data's shape
+    assert model_lines(auto, dense, 5_000, 3_993, 236.0)[0] == (
+        "model.hidden auto: [128] (rows of 236.0 non-zeros in mean: a linear model would read "
+        "every label's weights of more than 16 a row)")
+    assert model_lines(ModelConfig(dropout=0.2), model_for(ModelConfig(dropout=0.2), 100, 10, nnz),
+                       100, 10, nnz)[0] == ("model.hidden auto: [128] (the model's settings ask "
+                                            "for a hidden layer or a softmax)")
+    assert model_lines(fits, fits, side, side, nnz) == []
+    m = SparseMLP(6, 4, model_for(auto, 6, 4, nnz))
     assert m.linear and m.sigmoid and [v.shape.as_list() for v in m.variables_list] == [[6, 4], [4]]
 
 
@@ -583,13 +593,13 @@ def test_the_shipped_workloads_resolve_the_model_their_tables_were_measured_at()
                                 ("bench", 0.1, "sampled")):
         cfg = load_config(f"configs/{name}.yaml")[0]
         spec = preset("amazon670k", scale=scale)
-        chosen = model_for(cfg.model, spec.n_features, spec.n_labels)
+        chosen = model_for(cfg.model, spec.n_features, spec.n_labels, spec.nnz_mean)
         assert (chosen.hidden, chosen.loss, chosen.output) == ([128], "softmax", output), name
     default = load_config("configs/default.yaml")[0].model
-    assert model_for(default, 135_909, 67_009).output == "sampled"
+    assert model_for(default, 135_909, 67_009, 76.0).output == "sampled"
     # ... and from 20,103 labels on, where it took 0.75-0.77 of the full softmax's time
     # (docs/scale.md, "Fewer labels")
-    assert model_for(default, 135_909, 20_103).output == "sampled"
+    assert model_for(default, 135_909, 20_103, 76.0).output == "sampled"
 
 
 @pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
@@ -630,7 +640,7 @@ def test_a_linear_models_weights_start_above_zero_by_default():
 
     cfg = load_config("configs/npm.yaml", [])[0]
     assert cfg.optim.initial_accumulator_rows == "auto"
-    chosen = model_for(cfg.model, 6_183, 7_390)
+    chosen = model_for(cfg.model, 6_183, 7_390, 8.0)
     assert (chosen.hidden, chosen.loss) == ([], "sigmoid")
     model = SparseMLP(50, 40, chosen)
     assert model.linear and model.row_axes == [0, None]
@@ -648,7 +658,7 @@ def test_the_default_config_starts_every_layer_but_the_input_layer_above_zero():
     from hvd_adaptive.config import load_config
 
     cfg = load_config("configs/default.yaml", [])[0]
-    chosen = model_for(cfg.model, 135_909, 13_402)  # its data's features and labels
+    chosen = model_for(cfg.model, 135_909, 13_402, 76.0)  # its data's shape
     assert chosen.hidden == [128]
     model = SparseMLP(50, 40, chosen)
     opt = Optimizer.for_model(model, cfg.optim)
