@@ -225,7 +225,7 @@ AUTO_HIDDEN = (128,)
 # the targets both reach. At 8 (npm, real) it reached P@1 0.70 as soon and 0.75-0.79, which the
 # network never reached, up to 2.5x sooner than the plain script; at 8 (synthetic) in 1.5-2.8x the
 # network's time to the targets both reach (fractions of a second) and 0.75 where the network
-# stayed at 0.74; at 32 in 3-4x its time, at 236 in 8-11x (23 against 2 s to 0.80), with the
+# stayed at 0.74; at 32 in 3-6x its time, at 236 in 8-11x (23 against 2 s to 0.80), with the
 # higher plateau (docs/accuracy.md, "The model chosen for the data"). 16 lies between the
 # measured 8 and 32.
 LINEAR_MAX_NNZ = 16.0
