@@ -440,7 +440,8 @@ def train(cfg, run_dir: Path, threads: int) -> dict:
         if log:
             log.write(json.dumps(rec) + "\n")
     record(event="start", algorithm="horovod", ranks=ranks, standalone_rates=rates,
-           hidden=cfg.model.hidden, loss=cfg.model.loss, output=cfg.model.output, baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
+           hidden=cfg.model.hidden, loss=cfg.model.loss, output=cfg.model.output,
+           baseline_p_at_1=base, train_rows=train_ds.n_rows, time=time.time(),
            global_batch=ranks * cfg.train.batch_size, threads=threads,
            horovod_cycle_ms=float(os.environ["HOROVOD_CYCLE_TIME"]),
            mpi_yield_when_idle=os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
