@@ -231,27 +231,36 @@ AUTO_HIDDEN = (128,)
 LINEAR_MAX_NNZ = 16.0
 
 
-def linear_fits(model: ModelConfig, n_features: int, n_labels: int, nnz_a_row: float) -> bool:
-    """Whether model.hidden auto takes a linear model for `n_features` x `n_labels` and rows of
-    `nnz_a_row` non-zeros in mean: its weights fit LINEAR_MAX_WEIGHTS, the rows are sparse
-    (LINEAR_MAX_NNZ) and nothing set needs a hidden layer (dropout), a sampled output or a
-    softmax (model.loss softmax, label smoothing)."""
-    return (n_features * n_labels <= LINEAR_MAX_WEIGHTS and nnz_a_row <= LINEAR_MAX_NNZ
-            and model.dropout == 0 and model.output != "sampled" and model.loss != "softmax"
-            and model.label_smoothing == 0)
+def linear_refused(model: ModelConfig, n_features: int, n_labels: int,
+                   nnz_a_row: float) -> Optional[str]:
+    """Why model.hidden auto does not take a linear model for `n_features` x `n_labels` and rows
+    of `nnz_a_row` non-zeros in mean, in the log's words, or None where it does: its weights
+    must fit LINEAR_MAX_WEIGHTS, the rows be sparse (LINEAR_MAX_NNZ), and nothing set need a
+    hidden layer (dropout), a sampled output or a softmax (model.loss softmax, label smoothing)."""
+    weights = n_features * n_labels
+    if weights > LINEAR_MAX_WEIGHTS:
+        return (f"a linear model would need {n_features:,} features x {n_labels:,} labels = "
+                f"{weights:,} weights, more than {LINEAR_MAX_WEIGHTS:,}")
+    if nnz_a_row > LINEAR_MAX_NNZ:
+        return (f"rows of {nnz_a_row:.1f} non-zeros in mean: a linear model would read every "
+                f"label's weights of more than {LINEAR_MAX_NNZ:g} a row")
+    if (model.dropout > 0 or model.output == "sampled" or model.loss == "softmax"
+            or model.label_smoothing > 0):
+        return "the model's settings ask for a hidden layer or a softmax"
+    return None
 
 
 def model_for(model: ModelConfig, n_features: int, n_labels: int,
               nnz_a_row: Optional[float] = None) -> ModelConfig:
     """`model` as a run on `n_features` features, `n_labels` labels and training rows of
-    `nnz_a_row` non-zeros in mean takes it: hidden auto becomes [] where `linear_fits`, else
+    `nnz_a_row` non-zeros in mean takes it: hidden auto becomes [] unless `linear_refused`, else
     AUTO_HIDDEN; loss auto sigmoid for a linear model, else softmax; then output auto
     (`output_for`). Pinned values stay as they are; the rows are needed only under hidden auto."""
     if model.hidden == "auto":
         if nnz_a_row is None:
             raise ValueError("model.hidden auto reads the rows' non-zeros: pass nnz_a_row")
-        fits = linear_fits(model, n_features, n_labels, nnz_a_row)
-        model = dataclasses.replace(model, hidden=[] if fits else list(AUTO_HIDDEN))
+        refused = linear_refused(model, n_features, n_labels, nnz_a_row)
+        model = dataclasses.replace(model, hidden=list(AUTO_HIDDEN) if refused else [])
     if model.loss == "auto":
         model = dataclasses.replace(model, loss="sigmoid" if model.linear else "softmax")
     return output_for(model, n_labels)
@@ -262,20 +271,12 @@ def model_lines(given: ModelConfig, chosen: ModelConfig, n_features: int, n_labe
     """What `model_for` chose for the keys `given` left at auto, a line each, for the log."""
     lines = []
     if given.hidden == "auto":
-        weights = f"{n_features:,} features x {n_labels:,} labels = {n_features * n_labels:,} weights"
-        rows = f"rows of {nnz_a_row:.1f} non-zeros in mean"
-        if chosen.linear:
-            lines.append(f"model.hidden auto: [] (a linear model: {weights}, at most "
-                         f"{LINEAR_MAX_WEIGHTS:,}; {rows}, at most {LINEAR_MAX_NNZ:g})")
-        elif n_features * n_labels > LINEAR_MAX_WEIGHTS:
-            lines.append(f"model.hidden auto: {chosen.hidden} (a linear model would need {weights}, "
-                         f"more than {LINEAR_MAX_WEIGHTS:,})")
-        elif nnz_a_row > LINEAR_MAX_NNZ:
-            lines.append(f"model.hidden auto: {chosen.hidden} ({rows}: a linear model would read "
-                         f"every label's weights of more than {LINEAR_MAX_NNZ:g} a row)")
-        else:
-            lines.append(f"model.hidden auto: {chosen.hidden} (the model's settings ask for a "
-                         "hidden layer or a softmax)")
+        why = linear_refused(given, n_features, n_labels, nnz_a_row)
+        lines.append(f"model.hidden auto: {chosen.hidden} ({why})" if why else
+                     f"model.hidden auto: [] (a linear model: {n_features:,} features x "
+                     f"{n_labels:,} labels = {n_features * n_labels:,} weights, at most "
+                     f"{LINEAR_MAX_WEIGHTS:,}; rows of {nnz_a_row:.1f} non-zeros in mean, at most "
+                     f"{LINEAR_MAX_NNZ:g})")
     if given.loss == "auto":
         lines.append(f"model.loss auto: {chosen.loss}")
     if given.output == "auto":

@@ -280,7 +280,7 @@ class PlainHorovod:
         self.net = Net(n_features, n_labels, cfg.model, label_freq, stream=hvd.rank())
         out = len(self.net.ordered) - 2  # the output layer's kernel
         self.opt = Optimizer(cfg.optim, self.net.ordered, (0, out) if self.net.sampled else (0,),
-                             linear=not cfg.model.hidden)
+                             linear=cfg.model.linear)
         variables = self.net.ordered
 
         @tf.function(input_signature=SIGNATURE, autograph=False)

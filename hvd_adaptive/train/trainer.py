@@ -108,7 +108,7 @@ def train(cfg: Config, run_dir: Path, cluster: Cluster, choose_only: bool = Fals
             algo.set_lr(choice.lr)
             run.position.wall += choice.seconds
             log.say(choice.line())
-        rows_start = cfg.optim.start(True, cfg.model.linear)
+        rows_start = cfg.optim.rows_start(cfg.model.linear)
         if cfg.optim.initial_accumulator_rows == "auto" and rows_start > 0:
             log.say(f"optim.initial_accumulator_rows auto: a linear model's weights start their "
                     f"accumulators at {rows_start:g}")

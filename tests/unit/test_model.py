@@ -534,7 +534,7 @@ def test_hidden_auto_takes_the_linear_model_where_its_weights_fit_on_sparse_rows
     128-unit network with the softmax above either, or where dropout, label smoothing, a sampled
     output or the softmax is set; pinned values stay; the choice is said in the log's words and
     is stable (a resolved model resolves to itself); the model is built only once chosen."""
-    from hvd_adaptive.config import LINEAR_MAX_NNZ, LINEAR_MAX_WEIGHTS, linear_fits, model_lines
+    from hvd_adaptive.config import LINEAR_MAX_NNZ, LINEAR_MAX_WEIGHTS, linear_refused, model_lines
 
     side = int(LINEAR_MAX_WEIGHTS ** 0.5)  # 16,384 features x 16,384 labels fit exactly
     auto, nnz = ModelConfig(), 8.0  # npm's words a row
@@ -550,7 +550,7 @@ def test_hidden_auto_takes_the_linear_model_where_its_weights_fit_on_sparse_rows
     for asks in (dict(dropout=0.2), dict(label_smoothing=0.1), dict(output="sampled"),
                  dict(loss="softmax")):
         chosen = model_for(ModelConfig(**asks), 100, 10, nnz)
-        assert not linear_fits(ModelConfig(**asks), 100, 10, nnz), asks
+        assert linear_refused(ModelConfig(**asks), 100, 10, nnz) is not None, asks
         assert (chosen.hidden, chosen.loss) == ([128], "softmax"), asks
     assert model_for(ModelConfig(loss="sigmoid"), 100, 10, nnz).hidden == []
     assert model_for(ModelConfig(hidden=[64]), 100, 10, nnz).hidden == [64]  # pinned
