@@ -15,11 +15,12 @@ the probe's rows from the held-out ones.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
 
-from hvd_adaptive.config import load_config, resolve
+from hvd_adaptive.config import load_config, model_for, resolve
 from hvd_adaptive.data import load_data, split_validation
 from hvd_adaptive.parallel import distributed
 from hvd_adaptive.train import tune
@@ -106,6 +107,9 @@ def main(argv=None) -> None:
         cfg = resolve(cfg, 1)
         if train is None:
             train, _ = split_validation(cfg, load_data(cfg, True, cluster.comm.Barrier)[0])
+        # The model as a run on these rows chooses it (model.hidden, loss and output auto).
+        cfg = dataclasses.replace(cfg, model=model_for(cfg.model, train.n_features,
+                                                       train.n_labels, train.nnz_a_row))
         study(cfg, cluster, train, a.rates, sorted(a.horizons), a.batch, a.held, seed, a.labels)
 
 

@@ -2,12 +2,11 @@
 and the merge benchmark take the model, its optimizer and the algorithm from."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
-from hvd_adaptive.config import Config, model_for, unresolved
+from hvd_adaptive.config import Config, unresolved
 from hvd_adaptive.data import Dataset
 from hvd_adaptive.model.network import Optimizer, SparseMLP
 from hvd_adaptive.parallel.distributed import Cluster
@@ -28,7 +27,8 @@ def build_algorithm(cfg: Config, cluster: Cluster, train: Dataset,
 
     Args:
         cfg: the run's config, resolved (config.resolve): the algorithms read the derived
-            values (batch bounds, threads) as they are.
+            values (batch bounds, threads) as they are; its model chosen for the data
+            (config.model_for: SparseMLP refuses model.hidden auto).
         cluster: this rank's place in the job.
         train: the training set.
         hetero: this rank's slowdown; default the config's.
@@ -39,8 +39,6 @@ def build_algorithm(cfg: Config, cluster: Cluster, train: Dataset,
     missing = unresolved(cfg)
     if missing:
         raise ValueError(f"build_algorithm needs a resolved config (config.resolve); unset: {missing}")
-    # The model for this data (as the trainer chose it: model_for is its own fixed point).
-    cfg = replace(cfg, model=model_for(cfg.model, train.n_features, train.n_labels, train.nnz_a_row))
     model = build_model(cfg, train.n_features, train.n_labels, train.label_frequencies(),
                         stream=cluster.rank)
     opt = Optimizer.for_model(model, cfg.optim)

@@ -334,6 +334,7 @@ def test_the_probe_study_prints_each_rates_judgement_and_the_rules_pick():
     the held-out loss, P@1 and P@5, and at each horizon the candidate `tune.best` picks from them
     and the rate `tune.settle` makes of it, with P@5 (the rule) and with P@1 or P@1+P@5."""
     p = mpirun(1, ["-m", "hvd_adaptive.bench.probe_study", "--config", "configs/tiny.yaml",
+                   "--set", "model.hidden=auto",  # chosen for the rows, as a run chooses it
                    "--set", "optim.name=rowwise_adagrad", "--rates", "0.1", "0.12", "0.14",
                    "--horizons", "128", "256", "--held", "256"], timeout=180)
     assert p.returncode == 0, explain(p)
