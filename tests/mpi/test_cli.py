@@ -33,6 +33,7 @@ def test_hidden_auto_trains_and_records_a_linear_model_where_it_fits(tmp_path):
     records it (predict, evaluate and export build the model from it); the plain Horovod script
     takes the same."""
     import numpy as np
+    from hvd_adaptive.config import LINEAR_ROWS_START
 
     auto = ("--set", "model.hidden=auto", "--set", "train.epochs=0.25",
             "--set", "data.synth.nnz_mean=8")
@@ -44,6 +45,11 @@ def test_hidden_auto_trains_and_records_a_linear_model_where_it_fits(tmp_path):
     assert ("model.hidden auto: [] (a linear model: 2,000 features x 100 labels = 200,000 "
             "weights") in p.stdout and "model.loss auto: sigmoid" in p.stdout
     assert "non-zeros in mean, at most 16)" in p.stdout
+    # Its weights start their accumulators above zero (optim.initial_accumulator_rows auto).
+    assert (f"optim.initial_accumulator_rows auto: a linear model's weights start their "
+            f"accumulators at {LINEAR_ROWS_START:g}") in p.stdout
+    head = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert head["event"] == "start" and head["rows_start"] == LINEAR_ROWS_START
     ckpt = next((run / "checkpoints").glob("ckpt-*"))
     assert np.load(ckpt / "model.0.npy", mmap_mode="r").shape == (2000, 100)
     p = subprocess.run([sys.executable, "-m", "hvd_adaptive.bench.plain_horovod", "--config",
