@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = a.dtypes or [cfg.merge.dtype]
     rng = np.random.default_rng(c.rank)
     with tf.device(c.device):
-        # The sampled loss's frequency sampler needs label counts; the merge's cost does not
-        # depend on them, so every label counts once.
         # The model for the preset's shape, as a run on its data chooses it.
         cfg = dataclasses.replace(cfg, model=model_for(cfg.model, spec.n_features, spec.n_labels,
                                                        spec.nnz_mean))
+        # The sampled loss's frequency sampler needs label counts; the merge's cost does not
+        # depend on them, so every label counts once.
         model = build_model(cfg, spec.n_features, spec.n_labels,
                             label_freq=np.ones(spec.n_labels, np.int64))
         merges = {d: Merge(model, None, dataclasses.replace(cfg.merge, sparse=sparse, dtype=d),

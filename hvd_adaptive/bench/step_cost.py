@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     train, _ = load_data(cfg, c.is_root, c.comm.Barrier)
     train, _ = split_validation(cfg, train)
     cfg = dataclasses.replace(cfg, model=model_for(cfg.model, train.n_features, train.n_labels,
-                                                          train.nnz_a_row))
+                                                   train.nnz_a_row))
     lr = 0.1 if cfg.optim.lr == "auto" else float(cfg.optim.lr)
     bs, n = cfg.train.batch_size, c.size
     if bs * n > train.n_rows:
