@@ -100,11 +100,12 @@ def test_the_merge_cost_benchmark_times_both_wire_types_inside_real_quotas_and_r
 def test_the_merge_cost_benchmark_runs_on_a_sampled_loss_that_samples_by_frequency(tmp_path):
     """configs/bench.yaml's loss (model.output auto at 67,009 labels: sampled, by frequency)
     needs label counts to build the model; the benchmark gives it some and times the merge of
-    the sampled output layer's rows."""
+    the sampled output layer's rows. Its model.hidden auto is resolved for the preset's shape
+    first, as a run on that data resolves it (the model is built only once chosen)."""
     cfg = tmp_path / "sampled.yaml"
     cfg.write_text((REPO / "configs" / "tiny.yaml").read_text().replace(
         "model:\n  hidden: [64]\n",
-        "model:\n  hidden: [64]\n  output: sampled\n  sampler: frequency\n  negatives: 20\n"))
+        "model:\n  hidden: auto\n  output: sampled\n  sampler: frequency\n  negatives: 20\n"))
     assert "sampler: frequency" in cfg.read_text()
     p = mpirun(2, ["-m", "hvd_adaptive.bench.merge_cost", "--config", str(cfg),
                    "--touched", "0.3", "--repeats", "1"], timeout=180)
@@ -116,9 +117,11 @@ def test_the_merge_cost_benchmark_runs_on_a_sampled_loss_that_samples_by_frequen
 def test_the_step_cost_benchmark_interleaves_both_steps_and_times_the_row_operations():
     """`python -m hvd_adaptive.bench.step_cost --parts --ops`: the project's sync step and the
     plain Horovod script's in alternating blocks on real ranks, their ratio block by block, the
-    timed step's parts, and the row-sparse operations on a real batch."""
+    timed step's parts, and the row-sparse operations on a real batch; model.hidden auto
+    resolved from the training rows first, as a run resolves it."""
     p = mpirun(2, ["-m", "hvd_adaptive.bench.step_cost", "--config", "configs/tiny.yaml",
-                   "--steps", "2", "--blocks", "3", "--parts", "--ops"], timeout=240)
+                   "--steps", "2", "--blocks", "3", "--parts", "--ops",
+                   "--set", "model.hidden=auto"], timeout=240)
     assert p.returncode == 0, explain(p)
     assert "3 blocks of 2 steps each, interleaved" in p.stdout, p.stdout
     ms = {name: float(re.search(rf"^  {name} +([0-9.]+) \(quartiles", p.stdout, re.M).group(1))
